@@ -1,0 +1,1 @@
+"""controller package (see DESIGN.md)."""

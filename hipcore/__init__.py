@@ -1,0 +1,1 @@
+"""hipcore package (see DESIGN.md)."""

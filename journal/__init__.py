@@ -1,0 +1,1 @@
+"""journal package (see DESIGN.md)."""
