@@ -1,1 +1,72 @@
-"""chaos package (see DESIGN.md)."""
+"""chaos: Toxiproxy-driven network faults, process faults and fault schedules.
+
+Drives the system under test from outside only (see DESIGN.md, "Chaos"): it knows
+addresses and pids, never the internals of controller, worker or journal.
+"""
+
+from chaos.faults import (
+    FaultEvent,
+    FaultLog,
+    ProcessFaultError,
+    kill,
+    pause,
+    paused,
+    process_state,
+    resume,
+)
+from chaos.net import ChaosNet, UnknownLinkError
+from chaos.schedule import (
+    FAULT_KINDS,
+    LINK_KINDS,
+    PROCESS_KINDS,
+    Fault,
+    Schedule,
+    ScheduleError,
+    ScheduleRunner,
+    load_schedule,
+    parse_schedule,
+    random_schedule,
+)
+from chaos.toxics import TOXICS, ToxicValidationError, validate_toxic
+from chaos.toxiproxy import (
+    Proxy,
+    Toxic,
+    ToxiproxyClient,
+    ToxiproxyError,
+    ToxiproxyNotInstalled,
+    ToxiproxyServer,
+    find_toxiproxy_server,
+)
+
+__all__ = [
+    "FAULT_KINDS",
+    "LINK_KINDS",
+    "PROCESS_KINDS",
+    "TOXICS",
+    "ChaosNet",
+    "Fault",
+    "FaultEvent",
+    "FaultLog",
+    "ProcessFaultError",
+    "Proxy",
+    "Schedule",
+    "ScheduleError",
+    "ScheduleRunner",
+    "Toxic",
+    "ToxicValidationError",
+    "ToxiproxyClient",
+    "ToxiproxyError",
+    "ToxiproxyNotInstalled",
+    "ToxiproxyServer",
+    "UnknownLinkError",
+    "find_toxiproxy_server",
+    "kill",
+    "load_schedule",
+    "parse_schedule",
+    "pause",
+    "paused",
+    "process_state",
+    "random_schedule",
+    "resume",
+    "validate_toxic",
+]

@@ -1,0 +1,208 @@
+"""Process faults (SIGKILL, SIGSTOP/SIGCONT) and the timeline that records every fault.
+
+Each fault returns a FaultEvent, and appends it to a FaultLog when one is given, so
+a chaos run can report exactly what was done to what and when. Processes are
+addressed by pid from outside; nothing here knows what the process runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import structlog
+import tenacity
+
+__all__ = [
+    "FaultEvent",
+    "FaultLog",
+    "ProcessFaultError",
+    "kill",
+    "pause",
+    "paused",
+    "process_state",
+    "resume",
+]
+
+log = structlog.get_logger("chaos.faults")
+
+
+class ProcessFaultError(RuntimeError):
+    """A process fault could not be applied (no such process, or it did not take)."""
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One thing chaos did: ``t`` is wall-clock seconds (time.time()) when it took effect.
+
+    ``kind`` is one of: kill, pause, resume (processes); down, up, toxic_add,
+    toxic_remove, clear (links); error (a scheduled fault that could not be applied).
+    """
+
+    t: float
+    kind: str
+    target: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["detail"] = dict(self.detail)
+        return data
+
+
+class FaultLog:
+    """A thread-safe, append-only timeline of FaultEvents."""
+
+    def __init__(self) -> None:
+        self._events: list[FaultEvent] = []
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, target: str, detail: Mapping[str, Any] | None = None) -> FaultEvent:
+        event = FaultEvent(time.time(), kind, target, dict(detail or {}))
+        with self._lock:
+            self._events.append(event)
+        log.info("fault", kind=kind, target=target, **dict(detail or {}))
+        return event
+
+    def events(self) -> list[FaultEvent]:
+        with self._lock:
+            return list(self._events)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)
+
+    def to_json(self) -> str:
+        return json.dumps([e.to_dict() for e in self.events()], indent=2, default=str)
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter from /proc/PID/stat (R, S, D, T, t, Z, ...); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) is in parentheses and may itself contain ") ".
+    return stat[stat.rindex(")") + 2]
+
+
+def kill(
+    pid: int,
+    *,
+    target: str | None = None,
+    log_to: FaultLog | None = None,
+    note: Mapping[str, Any] | None = None,
+    wait_s: float = 5.0,
+) -> FaultEvent:
+    """SIGKILL ``pid`` and wait (up to ``wait_s``) until it is dead or a zombie."""
+    _signal(pid, signal.SIGKILL, "kill")
+    event = _event(log_to, "kill", target or f"pid:{pid}", _detail(pid, "SIGKILL", note))
+    # A SIGSTOPped process still dies of SIGKILL; waiting makes "killed" mean killed.
+    _await_state(pid, lambda s: s in (None, "Z", "X"), wait_s, "die after SIGKILL")
+    return event
+
+
+def pause(
+    pid: int,
+    *,
+    target: str | None = None,
+    log_to: FaultLog | None = None,
+    note: Mapping[str, Any] | None = None,
+    wait_s: float = 5.0,
+) -> FaultEvent:
+    """SIGSTOP ``pid`` and wait until the kernel reports it stopped."""
+    _signal(pid, signal.SIGSTOP, "pause")
+    _await_state(pid, lambda s: s in ("T", "t", None, "Z"), wait_s, "stop after SIGSTOP")
+    return _event(log_to, "pause", target or f"pid:{pid}", _detail(pid, "SIGSTOP", note))
+
+
+def resume(
+    pid: int,
+    *,
+    target: str | None = None,
+    log_to: FaultLog | None = None,
+    note: Mapping[str, Any] | None = None,
+    wait_s: float = 5.0,
+) -> FaultEvent:
+    """SIGCONT ``pid`` and wait until it is no longer stopped."""
+    _signal(pid, signal.SIGCONT, "resume")
+    _await_state(pid, lambda s: s not in ("T", "t"), wait_s, "continue after SIGCONT")
+    return _event(log_to, "resume", target or f"pid:{pid}", _detail(pid, "SIGCONT", note))
+
+
+@contextlib.contextmanager
+def paused(
+    pid: int,
+    seconds: float | None = None,
+    *,
+    target: str | None = None,
+    log_to: FaultLog | None = None,
+    note: Mapping[str, Any] | None = None,
+) -> Iterator[FaultEvent]:
+    """Keep ``pid`` stopped for the block, and for at least ``seconds`` if given.
+
+    The process is resumed on leaving the block even if the block raised; if it
+    died meanwhile, leaving is quiet.
+    """
+    event = pause(pid, target=target, log_to=log_to, note=note)
+    started = time.monotonic()
+    try:
+        yield event
+        if seconds is not None:
+            remaining = seconds - (time.monotonic() - started)
+            if remaining > 0:
+                time.sleep(remaining)
+    finally:
+        if process_state(pid) not in (None, "Z", "X"):
+            resume(pid, target=target, log_to=log_to, note=note)
+
+
+def _signal(pid: int, sig: signal.Signals, what: str) -> None:
+    if pid <= 0:
+        raise ProcessFaultError(f"cannot {what} pid {pid}: a pid must be a positive integer")
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        raise ProcessFaultError(
+            f"cannot {what} pid {pid}: no such process (it has already exited)"
+        ) from None
+    except PermissionError:
+        raise ProcessFaultError(
+            f"cannot {what} pid {pid}: permission denied (is it owned by another user?)"
+        ) from None
+
+
+def _await_state(pid: int, done: Callable[[str | None], bool], wait_s: float, what: str) -> None:
+    poll = tenacity.Retrying(
+        retry=tenacity.retry_if_result(lambda ok: not ok),
+        wait=tenacity.wait_exponential(multiplier=0.0005, max=0.05),
+        stop=tenacity.stop_after_delay(wait_s),
+    )
+    try:
+        poll(lambda: done(process_state(pid)))
+    except tenacity.RetryError:
+        raise ProcessFaultError(
+            f"pid {pid} did not {what} within {wait_s}s "
+            f"(state {process_state(pid)!r} in /proc/{pid}/stat)"
+        ) from None
+
+
+def _detail(pid: int, sig: str, note: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"pid": pid, "signal": sig, **dict(note or {})}
+
+
+def _event(
+    log_to: FaultLog | None, kind: str, target: str, detail: Mapping[str, Any]
+) -> FaultEvent:
+    if log_to is not None:
+        return log_to.record(kind, target, detail)
+    log.info("fault", kind=kind, target=target, **detail)
+    return FaultEvent(time.time(), kind, target, dict(detail))

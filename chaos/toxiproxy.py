@@ -1,0 +1,506 @@
+"""Drive a real Toxiproxy server: start and stop it, and manage proxies and toxics.
+
+The client speaks Toxiproxy's HTTP API with the standard library only, and never
+honours http_proxy variables: chaos traffic stays on the loopback interface.
+Arguments are validated (chaos.toxics) before any request is made.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import tenacity
+
+from chaos.toxics import validate_toxic
+
+__all__ = [
+    "Proxy",
+    "Toxic",
+    "ToxiproxyClient",
+    "ToxiproxyError",
+    "ToxiproxyNotInstalled",
+    "ToxiproxyServer",
+    "find_toxiproxy_server",
+]
+
+log = structlog.get_logger("chaos.toxiproxy")
+
+_REPO = Path(__file__).resolve().parent.parent
+_INSTALL_HINT = f"run {_REPO / 'scripts' / 'install_toxiproxy.sh'}"
+
+
+class ToxiproxyError(RuntimeError):
+    """A Toxiproxy API call failed, or the server could not be started."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ToxiproxyNotInstalled(ToxiproxyError):
+    """No toxiproxy-server binary was found."""
+
+
+def find_toxiproxy_server() -> Path:
+    """Locate toxiproxy-server: $TOXIPROXY_SERVER, then <repo>/.tools/bin, then PATH."""
+    candidates: list[Path] = []
+    env = os.environ.get("TOXIPROXY_SERVER")
+    if env:
+        candidates.append(Path(env))
+    candidates.append(_REPO / ".tools" / "bin" / "toxiproxy-server")
+    on_path = shutil.which("toxiproxy-server")
+    if on_path:
+        candidates.append(Path(on_path))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise ToxiproxyNotInstalled(
+        "toxiproxy-server not found (looked at $TOXIPROXY_SERVER, "
+        f"{_REPO / '.tools' / 'bin'}, and PATH); {_INSTALL_HINT} to build it"
+    )
+
+
+@dataclass(frozen=True)
+class Toxic:
+    """A toxic as the server reports it."""
+
+    name: str
+    kind: str
+    stream: str
+    toxicity: float
+    attributes: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def _from_api(cls, data: Mapping[str, Any]) -> Toxic:
+        return cls(
+            name=data["name"],
+            kind=data["type"],
+            stream=data["stream"],
+            toxicity=float(data["toxicity"]),
+            attributes=dict(data.get("attributes") or {}),
+        )
+
+
+class ToxiproxyClient:
+    """The HTTP API of one Toxiproxy server, e.g. ``ToxiproxyClient("http://127.0.0.1:8474")``."""
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        # An empty ProxyHandler: never route chaos control traffic via http_proxy.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def __repr__(self) -> str:
+        return f"ToxiproxyClient({self.url!r})"
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """Send one API request; return the decoded JSON reply (None when empty)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        req.add_header("User-Agent", "regent-chaos")
+        try:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = _error_message(exc)
+            raise ToxiproxyError(
+                f"Toxiproxy {method} {path} failed with HTTP {exc.code}: {detail}",
+                status=exc.code,
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ToxiproxyError(
+                f"Toxiproxy API at {self.url} is unreachable ({reason}); is the server "
+                f"running? start one with chaos.ToxiproxyServer() ({_INSTALL_HINT} first "
+                "if the binary is missing)"
+            ) from None
+        if not raw.strip():
+            return None
+        return json.loads(raw)
+
+    def version(self) -> str:
+        return str(self.request("GET", "/version")["version"])
+
+    def create_proxy(
+        self, name: str, upstream: str, listen: str = "127.0.0.1:0", *, enabled: bool = True
+    ) -> Proxy:
+        """Create a proxy; ``listen`` port 0 picks a free port, read back into ``Proxy.listen``."""
+        if not name or "/" in name:
+            raise ToxiproxyError(
+                f"proxy name {name!r} is not usable in Toxiproxy's URLs; use a non-empty "
+                "name without '/' (chaos.ChaosNet maps link names for you)"
+            )
+        _check_host_port("upstream", upstream)
+        _check_host_port("listen", listen)
+        data = self.request(
+            "POST",
+            "/proxies",
+            {"name": name, "upstream": upstream, "listen": listen, "enabled": enabled},
+        )
+        log.debug("proxy created", proxy=name, listen=data["listen"], upstream=upstream)
+        return Proxy(self, data)
+
+    def proxy(self, name: str) -> Proxy:
+        return Proxy(self, self.request("GET", f"/proxies/{_quote(name)}"))
+
+    def proxies(self) -> dict[str, Proxy]:
+        data = self.request("GET", "/proxies") or {}
+        return {name: Proxy(self, item) for name, item in data.items()}
+
+    def reset(self) -> None:
+        """Enable every proxy and remove every toxic, server-wide."""
+        self.request("POST", "/reset")
+
+
+class Proxy:
+    """One Toxiproxy proxy: a listening port that forwards to ``upstream``."""
+
+    def __init__(self, client: ToxiproxyClient, data: Mapping[str, Any]) -> None:
+        self._client = client
+        self._update(data)
+
+    def _update(self, data: Mapping[str, Any]) -> None:
+        self.name: str = data["name"]
+        self.listen: str = data["listen"]
+        self.upstream: str = data["upstream"]
+        self.enabled: bool = bool(data["enabled"])
+
+    def __repr__(self) -> str:
+        state = "enabled" if self.enabled else "disabled"
+        return f"Proxy({self.name!r}, listen={self.listen!r}, upstream={self.upstream!r}, {state})"
+
+    @property
+    def _path(self) -> str:
+        return f"/proxies/{_quote(self.name)}"
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rsplit(":", 1)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+    def refresh(self) -> Proxy:
+        self._update(self._client.request("GET", self._path))
+        return self
+
+    def toxics(self) -> list[Toxic]:
+        return [Toxic._from_api(t) for t in self._client.request("GET", self._path + "/toxics")]
+
+    def add_toxic(
+        self,
+        kind: str,
+        stream: str = "downstream",
+        toxicity: float = 1.0,
+        *,
+        name: str | None = None,
+        **attributes: int,
+    ) -> Toxic:
+        """Add a toxic, e.g. ``proxy.add_toxic("latency", latency=50, jitter=10)``.
+
+        The default name is ``<kind>_<stream>``, as Toxiproxy names it; pass ``name`` to
+        stack two toxics of one kind on the same stream.
+        """
+        resolved = validate_toxic(kind, stream=stream, toxicity=toxicity, attributes=attributes)
+        body = {
+            "name": name or f"{kind}_{stream}",
+            "type": kind,
+            "stream": stream,
+            "toxicity": float(toxicity),
+            "attributes": resolved,
+        }
+        toxic = Toxic._from_api(self._client.request("POST", self._path + "/toxics", body))
+        log.debug("toxic added", proxy=self.name, toxic=toxic.name, attributes=resolved)
+        return toxic
+
+    def update_toxic(self, name: str, *, toxicity: float | None = None, **attributes: int) -> Toxic:
+        """Change a live toxic's attributes or toxicity without dropping connections."""
+        current = next((t for t in self.toxics() if t.name == name), None)
+        if current is None:
+            raise ToxiproxyError(f"proxy {self.name!r} has no toxic named {name!r}", status=404)
+        merged = {**current.attributes, **attributes}
+        new_toxicity = current.toxicity if toxicity is None else toxicity
+        resolved = validate_toxic(
+            current.kind, stream=current.stream, toxicity=new_toxicity, attributes=merged
+        )
+        body = {"toxicity": float(new_toxicity), "attributes": resolved}
+        data = self._client.request("PATCH", f"{self._path}/toxics/{_quote(name)}", body)
+        return Toxic._from_api(data)
+
+    def remove_toxic(self, name: str) -> None:
+        self._client.request("DELETE", f"{self._path}/toxics/{_quote(name)}")
+        log.debug("toxic removed", proxy=self.name, toxic=name)
+
+    def disable(self) -> None:
+        """Take the link down: close its listener and every open connection."""
+        self._update(self._client.request("PATCH", self._path, {"enabled": False}))
+
+    def enable(self) -> None:
+        """Bring the link back up on the same listen address."""
+        self._update(self._client.request("PATCH", self._path, {"enabled": True}))
+
+    def reset(self) -> None:
+        """Remove this proxy's toxics and enable it."""
+        for toxic in self.toxics():
+            self.remove_toxic(toxic.name)
+        if not self.refresh().enabled:
+            self.enable()
+
+    def delete(self) -> None:
+        self._client.request("DELETE", self._path)
+
+    @contextlib.contextmanager
+    def toxic(
+        self,
+        kind: str,
+        stream: str = "downstream",
+        toxicity: float = 1.0,
+        *,
+        name: str | None = None,
+        **attributes: int,
+    ) -> Iterator[Toxic]:
+        """``with proxy.toxic("latency", latency=50): ...`` adds the toxic for the block."""
+        added = self.add_toxic(kind, stream, toxicity, name=name, **attributes)
+        try:
+            yield added
+        finally:
+            self.remove_toxic(added.name)
+
+    @contextlib.contextmanager
+    def down(self) -> Iterator[Proxy]:
+        """``with proxy.down(): ...`` partitions the link for the block."""
+        self.disable()
+        try:
+            yield self
+        finally:
+            self.enable()
+
+
+class ToxiproxyServer:
+    """A toxiproxy-server process owned by this Python process, on a loopback port.
+
+    ``with ToxiproxyServer() as server: proxy = server.create_proxy(...)``. The process
+    is stopped by ``stop()``, on leaving the ``with`` block, at interpreter exit, and
+    (Linux) by the kernel if the thread that started it dies.
+    """
+
+    def __init__(
+        self,
+        binary: str | os.PathLike[str] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        start_timeout_s: float = 10.0,
+    ) -> None:
+        self.binary = Path(binary) if binary is not None else find_toxiproxy_server()
+        self.host = host
+        self.port = port
+        self.start_timeout_s = start_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+        self._lock = threading.Lock()
+        self._client: ToxiproxyClient | None = None
+
+    def __enter__(self) -> ToxiproxyServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ToxiproxyServer({self.url if self._client else 'not started'})"
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    @property
+    def client(self) -> ToxiproxyClient:
+        if self._client is None:
+            raise ToxiproxyError("ToxiproxyServer is not started; call start() first")
+        return self._client
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> ToxiproxyServer:
+        with self._lock:
+            if self.running():
+                return self
+            attempts = 3 if self.port == 0 else 1  # a free port may be taken before we bind it
+            for attempt in range(1, attempts + 1):
+                port = self.port or _free_port(self.host)
+                try:
+                    self._spawn(port)
+                    break
+                except ToxiproxyError:
+                    self._terminate()
+                    if attempt == attempts:
+                        raise
+            atexit.register(self.stop)
+            return self
+
+    def _spawn(self, port: int) -> None:
+        self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in _terminate
+            prefix="toxiproxy-", suffix=".log", delete=False
+        )
+        self._proc = subprocess.Popen(
+            [str(self.binary), "-host", self.host, "-port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        self._client = ToxiproxyClient(f"http://{self.host}:{port}")
+        try:
+            version = self._wait_ready()
+        except tenacity.RetryError:
+            raise ToxiproxyError(
+                f"toxiproxy-server ({self.binary}) did not answer on {self._client.url} "
+                f"within {self.start_timeout_s}s; its log ({self._log_file.name}):\n"
+                f"{self._log_tail()}"
+            ) from None
+        log.info("toxiproxy started", url=self._client.url, version=version, pid=self._proc.pid)
+
+    def _wait_ready(self) -> str:
+        assert self._proc is not None and self._client is not None
+        proc, client = self._proc, self._client
+
+        def probe() -> str:
+            if proc.poll() is not None:
+                raise _ServerExited(proc.returncode)
+            return client.version()
+
+        try:
+            for attempt in tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(ToxiproxyError),
+                wait=tenacity.wait_exponential(multiplier=0.005, max=0.2),
+                stop=tenacity.stop_after_delay(self.start_timeout_s),
+                reraise=False,
+            ):
+                with attempt:
+                    return probe()
+        except _ServerExited as exc:
+            raise ToxiproxyError(
+                f"toxiproxy-server ({self.binary}) exited with status {exc.code} at start; "
+                f"its log:\n{self._log_tail()}"
+            ) from None
+        raise AssertionError("unreachable")
+
+    def _log_tail(self, lines: int = 20) -> str:
+        if self._log_file is None:
+            return ""
+        try:
+            text = Path(self._log_file.name).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL); safe to call twice."""
+        with self._lock:
+            self._terminate(timeout_s)
+            atexit.unregister(self.stop)
+
+    def _terminate(self, timeout_s: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.info("toxiproxy stopped", pid=proc.pid)
+        if self._log_file is not None:
+            self._log_file.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._log_file.name)
+            self._log_file = None
+
+    # The API, delegated so that a server can be used where a client is expected.
+    def version(self) -> str:
+        return self.client.version()
+
+    def create_proxy(
+        self, name: str, upstream: str, listen: str = "127.0.0.1:0", *, enabled: bool = True
+    ) -> Proxy:
+        return self.client.create_proxy(name, upstream, listen, enabled=enabled)
+
+    def proxy(self, name: str) -> Proxy:
+        return self.client.proxy(name)
+
+    def proxies(self) -> dict[str, Proxy]:
+        return self.client.proxies()
+
+    def reset(self) -> None:
+        self.client.reset()
+
+
+class _ServerExited(Exception):
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+
+def _die_with_parent() -> None:
+    # Ask the kernel to SIGKILL the server if its parent goes away without cleanup
+    # (e.g. the test runner itself is SIGKILLed). Linux only; harmless elsewhere.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _check_host_port(what: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ToxiproxyError(f"{what} must be 'host:port', e.g. '127.0.0.1:2379'; got {value!r}")
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = exc.read().decode(errors="replace").strip()
+    except OSError:
+        return exc.reason or ""
+    try:
+        return str(json.loads(body).get("error", body))
+    except (ValueError, AttributeError):
+        return body or str(exc.reason)
