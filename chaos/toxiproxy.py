@@ -312,6 +312,11 @@ class ToxiproxyServer:
         start_timeout_s: float = 10.0,
     ) -> None:
         self.binary = Path(binary) if binary is not None else find_toxiproxy_server()
+        if not (self.binary.is_file() and os.access(self.binary, os.X_OK)):
+            raise ToxiproxyNotInstalled(
+                f"toxiproxy-server binary {self.binary} does not exist or is not executable; "
+                f"{_INSTALL_HINT} to build one"
+            )
         self.host = host
         self.port = port
         self.start_timeout_s = start_timeout_s

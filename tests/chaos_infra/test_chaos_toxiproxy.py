@@ -1,0 +1,201 @@
+"""Every Toxiproxy toxic, partitions and the server's lifecycle, against a real TCP echo server."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from chaos_sockets import EchoServer, connect, recv_exactly, round_trip
+
+from chaos import (
+    Proxy,
+    ToxicValidationError,
+    ToxiproxyClient,
+    ToxiproxyError,
+    ToxiproxyNotInstalled,
+    ToxiproxyServer,
+    process_state,
+)
+
+
+@pytest.fixture
+def proxy(toxiproxy: ToxiproxyServer, echo_server: EchoServer) -> Proxy:
+    return toxiproxy.create_proxy("client->echo", upstream=echo_server.address)
+
+
+def read_until_closed(sock: socket.socket) -> tuple[bytes, bool]:
+    """Read until the peer closes; return the bytes and whether it ended with a reset."""
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        return b"".join(chunks), True
+    return b"".join(chunks), False
+
+
+def test_proxy_reports_the_port_it_actually_listens_on(proxy: Proxy) -> None:
+    assert proxy.listen_host == "127.0.0.1"
+    assert proxy.listen_port > 0
+    round_trip(proxy.listen)
+
+
+def test_latency_delays_each_round_trip_by_at_least_the_latency(proxy: Proxy) -> None:
+    with proxy.toxic("latency", latency=300, jitter=0) as toxic:
+        assert toxic.name == "latency_downstream"
+        assert proxy.toxics() == [toxic]
+        assert round_trip(proxy.listen) >= 0.29
+    assert proxy.toxics() == []
+
+
+def test_upstream_latency_delays_the_request_direction(proxy: Proxy) -> None:
+    with proxy.toxic("latency", stream="upstream", latency=250):
+        assert round_trip(proxy.listen) >= 0.24
+
+
+def test_toxicity_zero_leaves_connections_untouched(proxy: Proxy) -> None:
+    with proxy.toxic("latency", toxicity=0.0, latency=2000):
+        assert round_trip(proxy.listen) < 1.0
+
+
+def test_bandwidth_limits_throughput_to_the_rate(proxy: Proxy) -> None:
+    payload = b"x" * 50_000
+    with proxy.toxic("bandwidth", rate=100):  # 100 KB/s: 50 kB takes about 0.5 s
+        assert round_trip(proxy.listen, payload) >= 0.4
+
+
+def test_slow_close_delays_the_close(proxy: Proxy) -> None:
+    with proxy.toxic("slow_close", delay=400), connect(proxy.listen) as sock:
+        sock.sendall(b"bye")
+        assert recv_exactly(sock, 3) == b"bye"
+        start = time.monotonic()
+        sock.shutdown(socket.SHUT_WR)  # the echo server closes; the proxy holds the close
+        data, _ = read_until_closed(sock)
+        assert data == b""
+        assert time.monotonic() - start >= 0.39
+
+
+def test_reset_peer_resets_the_connection(proxy: Proxy) -> None:
+    with proxy.toxic("reset_peer", stream="upstream", timeout=0), connect(proxy.listen) as sock:
+        sock.sendall(b"hello")
+        data, reset = read_until_closed(sock)
+    assert (data, reset) == (b"", True)
+
+
+def test_timeout_black_holes_data_then_closes(proxy: Proxy) -> None:
+    with proxy.toxic("timeout", timeout=500), connect(proxy.listen) as sock:
+        start = time.monotonic()
+        sock.sendall(b"lost")
+        sock.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            sock.recv(16)  # nothing comes back: the data is dropped
+        sock.settimeout(5)
+        data, _ = read_until_closed(sock)
+        assert data == b""
+        assert time.monotonic() - start >= 0.45
+
+
+def test_slicer_delivers_every_byte_in_many_pieces(proxy: Proxy) -> None:
+    payload = bytes(range(256)) * 16
+    with (
+        proxy.toxic("slicer", average_size=64, size_variation=16, delay=2000),
+        connect(proxy.listen) as sock,
+    ):
+        sock.sendall(payload)
+        pieces = []
+        while sum(map(len, pieces)) < len(payload):
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed before every byte arrived"
+            pieces.append(chunk)
+    assert b"".join(pieces) == payload
+    assert len(pieces) >= 10
+
+
+def test_limit_data_closes_after_the_byte_limit(proxy: Proxy) -> None:
+    with proxy.toxic("limit_data", bytes=100), connect(proxy.listen) as sock:
+        sock.sendall(b"y" * 1000)
+        data, _ = read_until_closed(sock)
+    assert data == b"y" * 100
+
+
+def test_down_refuses_connections_and_enable_restores_them(proxy: Proxy) -> None:
+    with connect(proxy.listen) as open_conn:
+        with proxy.down():
+            assert not proxy.enabled
+            data, _ = read_until_closed(open_conn)  # open connections are cut too
+            assert data == b""
+            with pytest.raises(ConnectionRefusedError):
+                connect(proxy.listen, timeout_s=1)
+    assert proxy.enabled
+    round_trip(proxy.listen)
+
+
+def test_two_toxics_of_one_kind_need_distinct_names(proxy: Proxy) -> None:
+    proxy.add_toxic("latency", latency=10)
+    with pytest.raises(ToxiproxyError, match="toxic already exists") as err:
+        proxy.add_toxic("latency", latency=20)
+    assert err.value.status == 409
+    second = proxy.add_toxic("latency", latency=20, name="more_latency")
+    assert {t.name for t in proxy.toxics()} == {"latency_downstream", second.name}
+
+
+def test_update_toxic_changes_attributes_in_place(proxy: Proxy) -> None:
+    proxy.add_toxic("latency", latency=10, jitter=2)
+    updated = proxy.update_toxic("latency_downstream", latency=40, toxicity=0.5)
+    assert dict(updated.attributes) == {"latency": 40, "jitter": 2}
+    assert updated.toxicity == 0.5
+    with pytest.raises(ToxicValidationError, match="'latency'.*'jitter'"):
+        proxy.update_toxic("latency_downstream", jitter=-1)
+
+
+def test_invalid_toxic_is_rejected_before_reaching_the_server(proxy: Proxy) -> None:
+    with pytest.raises(ToxicValidationError, match="toxic 'bandwidth' has no attribute 'speed'"):
+        proxy.add_toxic("bandwidth", speed=10)
+    assert proxy.toxics() == []
+
+
+def test_proxy_reset_and_server_reset_remove_toxics_and_enable(
+    toxiproxy: ToxiproxyServer, proxy: Proxy, echo_server: EchoServer
+) -> None:
+    other = toxiproxy.create_proxy("other", upstream=echo_server.address)
+    proxy.add_toxic("latency", latency=100)
+    proxy.disable()
+    proxy.reset()
+    assert proxy.toxics() == [] and proxy.refresh().enabled
+
+    proxy.add_toxic("timeout", timeout=0)
+    other.add_toxic("slicer", average_size=10)
+    other.disable()
+    toxiproxy.reset()
+    for p in (proxy, other):
+        assert p.toxics() == [] and p.refresh().enabled
+    round_trip(other.listen)
+
+
+def test_proxy_errors_say_what_failed(toxiproxy: ToxiproxyServer, proxy: Proxy) -> None:
+    with pytest.raises(ToxiproxyError, match="proxy already exists") as err:
+        toxiproxy.create_proxy("client->echo", upstream="127.0.0.1:1")
+    assert err.value.status == 409
+    with pytest.raises(ToxiproxyError, match="HTTP 404: proxy not found"):
+        toxiproxy.proxy("nope")
+    with pytest.raises(ToxiproxyError, match="upstream must be 'host:port'"):
+        toxiproxy.create_proxy("bad", upstream="localhost")
+    with pytest.raises(ToxiproxyError, match="without '/'"):
+        toxiproxy.create_proxy("a/b", upstream="127.0.0.1:1")
+
+
+def test_server_stops_and_its_api_then_reports_unreachable(toxiproxy_binary) -> None:
+    server = ToxiproxyServer(toxiproxy_binary).start()
+    pid, url = server.pid, server.url
+    assert pid is not None and server.version()
+    server.stop()
+    server.stop()  # idempotent
+    assert process_state(pid) is None
+    with pytest.raises(ToxiproxyError, match=r"unreachable .*is the server running"):
+        ToxiproxyClient(url).version()
+
+
+def test_missing_binary_names_the_install_script(tmp_path) -> None:
+    with pytest.raises(ToxiproxyNotInstalled, match="install_toxiproxy.sh"):
+        ToxiproxyServer(tmp_path / "toxiproxy-server")
