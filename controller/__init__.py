@@ -1,1 +1,16 @@
-"""controller package (see DESIGN.md)."""
+"""The controller: the user's program drives a cluster through a Session.
+
+    from controller import Session, Actor, endpoint
+"""
+
+from controller.futures import Future, Point, ValueMesh
+from controller.mesh import ActorMesh, Endpoint, HostMesh, ProcMesh
+from controller.session import Session
+from worker.actor import Actor, context, current_rank, endpoint
+from worker.errors import ActorError, DivergenceError, FencedError, RegentError, SupervisionError
+
+__all__ = [
+    "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
+    "HostMesh", "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
+    "context", "current_rank", "endpoint",
+]

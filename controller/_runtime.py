@@ -1,0 +1,211 @@
+"""The controller's IO edge: sockets, the IO thread, and host agent requests.
+
+The program's thread sends directly on per-peer PUSH sockets (no hand-off on the
+call path); one IO thread owns the inbox, turns replies into core events and
+resolves futures. Nothing here decides what a call means; core.py does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import zmq
+
+from controller.core import ControllerCore, Outcome, PendingCall
+from controller.futures import Future
+from worker import _wire as wire
+from worker._wire import Kind
+from worker.errors import ProtocolError
+from worker.security import load_credentials, stop_authenticator
+from worker.transport import Inbox, Outbox, PeerGone
+
+log = structlog.get_logger("regent.controller")
+
+WATERMARK_INTERVAL_S = 0.2
+HOST_HELLO_INTERVAL_S = 1.0
+
+
+@dataclass
+class ProcRef:
+    """A proc as the controller knows it."""
+
+    id: str
+    index: int
+    address: str
+    pid: int
+    host: str
+    alive: bool = True
+    death: str = ""
+    pending: set = field(default_factory=set)
+
+
+class Runtime:
+    def __init__(self, session: str, epoch: int, core: ControllerCore):
+        self.session = session
+        self.epoch = epoch
+        self.core = core
+        self.lock = threading.Lock()  # guards core
+        self.ctx = zmq.Context()
+        self.creds = load_credentials()
+        self.inbox = Inbox(self.ctx, self.creds)
+        self.outbox = Outbox(self.ctx, self.creds)
+        self.procs: dict[str, ProcRef] = {}
+        self.hosts: dict[str, str] = {}  # host address -> last hello
+        self._requests: dict[int, Future] = {}
+        self._req_ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._on_proc_death: list[Callable[[ProcRef], None]] = []
+        self._sent_watermark = (-1, -1)
+        self.checkpoint_seq = -1
+        self.durable_through: Callable[[], int] | None = None
+        self.fenced: str | None = None
+        self._io = threading.Thread(target=self._io_loop, name=f"regent-io-{session}", daemon=True)
+        self._io.start()
+
+    # --- program-side sends -------------------------------------------------------
+
+    def send_to_proc(self, proc: ProcRef, msg: list) -> None:
+        if not proc.alive:
+            raise PeerGone(proc.death or f"proc {proc.id} is dead")
+        self.outbox.peer(proc.address).send(msg, alive=lambda: proc.alive)
+
+    def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
+        """A request to a host agent, answered through the inbox."""
+        n = next(self._req_ids)
+        fut: Future = Future()
+        self._requests[n] = fut
+        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.inbox.address, **fields}
+        try:
+            self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
+            if not fut.wait(timeout):
+                raise TimeoutError(f"host agent at {host} did not answer {op!r} within {timeout:.0f} s")
+        finally:
+            self._requests.pop(n, None)
+        reply = fut.get()
+        if reply.get("st") == "fenced":
+            self.fenced = reply.get("em", "fenced by the host agent")
+            from worker.errors import FencedError
+
+            raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")
+        return reply
+
+    def register_host(self, host: str) -> None:
+        self.hosts[host] = host
+
+    def ping(self, address: str, timeout: float = 2.0) -> dict | None:
+        n = next(self._req_ids)
+        fut: Future = Future()
+        self._requests[n] = fut
+        try:
+            self.outbox.peer(address).send(wire.encode(Kind.PING, {"rt": self.inbox.address, "n": n}))
+            return fut.get(timeout) if fut.wait(timeout) else None
+        finally:
+            self._requests.pop(n, None)
+
+    def on_proc_death(self, cb: Callable[[ProcRef], None]) -> None:
+        self._on_proc_death.append(cb)
+
+    # --- the IO thread ---------------------------------------------------------------
+
+    def _io_loop(self) -> None:
+        sock = self.inbox.sock
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if sock.poll(50):
+                    for _ in range(4096):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + WATERMARK_INTERVAL_S
+                    self._tick(now)
+            except zmq.ContextTerminated:
+                return
+            except Exception:
+                log.exception("controller IO loop error (continuing)")
+
+    def _handle(self, frames: list) -> None:
+        try:
+            kind, meta, payload = wire.decode(frames)
+        except ProtocolError as e:
+            log.warning("dropped malformed message", error=str(e))
+            return
+        if kind is Kind.RESULT:
+            self._on_result(meta, payload)
+        elif kind in (Kind.HOST_REP, Kind.PONG):
+            fut = self._requests.get(meta.get("n"))
+            if fut is not None:
+                fut.set_result(meta)
+        elif kind is Kind.HOST_EVENT:
+            if meta.get("ev") == "proc_died" and meta.get("sid") == self.session:
+                proc = self.procs.get(meta.get("id"))
+                if proc is not None:
+                    self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) exited with status {meta.get('status')}")
+
+    def _on_result(self, meta: dict, payload: list) -> None:
+        seq, point, status = meta.get("s"), meta.get("pt"), meta.get("st")
+        if not isinstance(seq, int) or not isinstance(point, int) or not isinstance(status, str):
+            log.warning("dropped result with bad fields", meta=str(meta)[:200])
+            return
+        if status == "fenced":
+            self.fenced = meta.get("em") or "a worker saw a newer controller epoch"
+        with self.lock:
+            call = self.core.on_result(seq, point, Outcome(status, meta, payload))
+        if call is not None:
+            call.sink.deliver(call, point)
+
+    def mark_dead(self, proc: ProcRef, reason: str) -> None:
+        if not proc.alive:
+            return
+        proc.alive = False
+        proc.death = reason
+        with self.lock:
+            hit = self.core.on_proc_died(proc.id, reason)
+        for call, point in hit:
+            call.sink.deliver(call, point)
+        for cb in self._on_proc_death:
+            cb(proc)
+
+    def deliver_local(self, call: PendingCall, point: int, outcome: Outcome) -> None:
+        """An outcome decided on this side (send failed, answered from the journal)."""
+        with self.lock:
+            done = self.core.on_result(call.seq, point, outcome)
+        if done is not None:
+            call.sink.deliver(call, point)
+
+    def _tick(self, now: float) -> None:
+        with self.lock:
+            through = self.core.completed_through
+        if self.durable_through is not None:
+            through = min(through, self.durable_through())
+        mark = (through, self.checkpoint_seq)
+        if mark != self._sent_watermark:
+            self._sent_watermark = mark
+            msg = wire.encode(Kind.WATERMARK, {"sid": self.session, "e": self.epoch, "dw": mark[0], "cw": mark[1]})
+            for proc in list(self.procs.values()):
+                if proc.alive:
+                    self.outbox.peer(proc.address).try_send(msg)
+        for host in list(self.hosts):
+            if now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
+                self.outbox.peer(host).try_send(wire.encode(Kind.HOST_REQ, {
+                    "sid": self.session, "e": self.epoch, "op": "hello", "n": 0, "rt": self.inbox.address}))
+        if self.hosts and now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
+            self._last_hello = now
+
+    def close(self) -> None:
+        self._stop.set()
+        self._io.join(timeout=2.0)
+        self.outbox.close()
+        self.inbox.close()
+        stop_authenticator(self.ctx)
+        self.ctx.destroy(linger=0)

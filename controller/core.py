@@ -1,0 +1,88 @@
+"""The controller's bookkeeping, driven by events and free of IO.
+
+It numbers the program's side effects (invariant 1), tracks which points of each
+call are still outstanding, and derives the watermark below which every call is
+complete. The session's edge (sockets, threads, journal) feeds it events:
+"program issued call", "reply arrived", "proc died". Tests drive it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one point of a call ended with: status, wire metadata and payload frames."""
+
+    status: str  # ok | err | fenced | divergence | noactor | dead | journal
+    meta: dict
+    frames: list
+
+
+@dataclass
+class PendingCall:
+    seq: int
+    kind: str
+    actor: str
+    method: str
+    targets: dict[int, str]  # point rank -> proc id
+    sink: Any = None  # owned by the edge: how outcomes reach the program
+    results: dict[int, Outcome] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) == len(self.targets)
+
+
+class ControllerCore:
+    def __init__(self, session: str, first_seq: int = 0):
+        self.session = session
+        self.next_seq = first_seq
+        self.calls: dict[int, PendingCall] = {}
+        self._finished: set[int] = set()
+        self.completed_through = first_seq - 1  # every seq <= this has completed
+
+    def issue(self) -> int:
+        """The call id of the program's next side effect."""
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def expect(self, seq: int, kind: str, actor: str, method: str, targets: dict[int, str], sink: Any) -> PendingCall:
+        call = PendingCall(seq, kind, actor, method, dict(targets), sink)
+        if not targets:
+            self.finished(seq)
+        else:
+            self.calls[seq] = call
+        return call
+
+    def on_result(self, seq: int, point: int, outcome: Outcome) -> PendingCall | None:
+        """Record one point's outcome; returns the call, or None for a stale/duplicate reply."""
+        call = self.calls.get(seq)
+        if call is None or point not in call.targets or point in call.results:
+            return None
+        call.results[point] = outcome
+        if call.complete:
+            del self.calls[seq]
+            self.finished(seq)
+        return call
+
+    def on_proc_died(self, proc_id: str, reason: str) -> list[tuple[PendingCall, int]]:
+        """Fail every outstanding point on a dead proc; returns (call, point) pairs affected."""
+        hit = []
+        for call in list(self.calls.values()):
+            for point, pid in call.targets.items():
+                if pid == proc_id and point not in call.results:
+                    hit.append((call, point))
+        for call, point in hit:
+            self.on_result(call.seq, point, Outcome("dead", {"em": reason}, []))
+        return hit
+
+    def finished(self, seq: int) -> None:
+        """A seq needs nothing more from workers; advance the completion watermark."""
+        self._finished.add(seq)
+        while self.completed_through + 1 in self._finished:
+            self.completed_through += 1
+            self._finished.discard(self.completed_through)

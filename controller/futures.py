@@ -1,0 +1,172 @@
+"""Futures and value meshes: what every endpoint adverb returns.
+
+A Future is resolved by the session's IO thread and waited on by the program,
+either blocking (`get`) or with `await`. The wake-up is a bare lock, the
+cheapest cross-thread signal CPython has, because it sits on every call's path.
+"""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_PENDING = object()
+
+
+class Future(Generic[T]):
+    """The eventual value (or error) of a call."""
+
+    __slots__ = ("_lock", "_value", "_exc", "_callbacks", "_guard", "_on_get", "__weakref__")
+
+    def __init__(self, on_get: Callable[[Future, float | None], None] | None = None) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._guard = _thread.allocate_lock()
+        self._value: Any = _PENDING
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable[[Future], None]] = []
+        self._on_get = on_get
+
+    def done(self) -> bool:
+        return self._value is not _PENDING or self._exc is not None
+
+    def set_result(self, value: T) -> None:
+        self._finish(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finish(None, exc)
+
+    def _finish(self, value: Any, exc: BaseException | None) -> None:
+        with self._guard:
+            if self.done():
+                return
+            if exc is not None:
+                self._exc = exc
+            else:
+                self._value = value
+            callbacks, self._callbacks = self._callbacks, []
+        self._lock.release()
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, cb: Callable[[Future], None]) -> None:
+        with self._guard:
+            if not self.done():
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done or timeout; True if done. Does not raise the call's error."""
+        if self.done():
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            return False
+        self._lock.release()
+        return True
+
+    def get(self, timeout: float | None = None) -> T:
+        """The value, or raise the call's error; TimeoutError if not done in time."""
+        if self._on_get is not None:
+            self._on_get(self, timeout)
+        elif not self.wait(timeout):
+            raise TimeoutError(f"call not complete after {timeout} s")
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def __await__(self):
+        if not self.done():
+            loop = asyncio.get_running_loop()
+            afut = loop.create_future()
+
+            def _wake(_: Future) -> None:
+                loop.call_soon_threadsafe(lambda: afut.done() or afut.set_result(None))
+
+            self.add_done_callback(_wake)
+            yield from afut.__await__()
+        return self.get()
+
+
+class Point(Mapping[str, int]):
+    """Coordinates of one member of a mesh, with its rank in that mesh."""
+
+    __slots__ = ("rank", "_coords")
+
+    def __init__(self, rank: int, coords: dict[str, int]):
+        self.rank = rank
+        self._coords = coords
+
+    def __getitem__(self, key: str) -> int:
+        return self._coords[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._coords)
+
+    def __len__(self) -> int:
+        return len(self._coords)
+
+    def __repr__(self) -> str:
+        return f"Point({self.rank}, {self._coords})"
+
+    def __hash__(self) -> int:
+        return hash((self.rank, tuple(self._coords.items())))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Point) and other.rank == self.rank and other._coords == self._coords
+
+
+class ValueMesh(Generic[T]):
+    """One value per point of the mesh a call was made on."""
+
+    def __init__(self, dims: Mapping[str, int], values: Sequence[T]):
+        self._dims = dict(dims)
+        self._values = list(values)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self._dims)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def values(self) -> list[T]:
+        return list(self._values)
+
+    def items(self) -> Iterator[tuple[Point, T]]:
+        for rank, value in enumerate(self._values):
+            yield point_of(self._dims, rank), value
+
+    def item(self, **coords: int) -> T:
+        """The value at these coordinates (every dim must be named)."""
+        if set(coords) != set(self._dims):
+            raise KeyError(f"item() needs every dimension {list(self._dims)}, got {list(coords)}")
+        rank = 0
+        for name, size in self._dims.items():
+            c = coords[name]
+            if not 0 <= c < size:
+                raise IndexError(f"{name}={c} outside 0..{size - 1}")
+            rank = rank * size + c
+        return self._values[rank]
+
+    def __iter__(self) -> Iterator[tuple[Point, T]]:
+        return self.items()
+
+    def __repr__(self) -> str:
+        return f"ValueMesh({self._dims}, {self._values!r})"
+
+
+def point_of(dims: Mapping[str, int], rank: int) -> Point:
+    coords: dict[str, int] = {}
+    rest = rank
+    for name, size in reversed(list(dims.items())):
+        coords[name] = rest % size
+        rest //= size
+    return Point(rank, dict(reversed(list(coords.items()))))

@@ -1,0 +1,256 @@
+"""Meshes and endpoints: the nouns and verbs of the user's program.
+
+A mesh is a view (named dims + the ranks it covers) over a root list of procs.
+Every endpoint has the same adverbs as Monarch: call, call_one, choose, stream,
+broadcast. They all turn into the session's one call path.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from controller.futures import Future, Point, ValueMesh, point_of
+from worker.actor import endpoint_names
+
+if TYPE_CHECKING:
+    from controller._runtime import ProcRef
+    from controller.session import Session
+
+
+@dataclass(frozen=True)
+class View:
+    """Which members of a root mesh a handle covers, and how they are shaped."""
+
+    dims: dict[str, int]
+    ranks: tuple[int, ...]  # root ranks, in this view's row-major order
+
+    @staticmethod
+    def full(dims: Mapping[str, int]) -> View:
+        n = 1
+        for size in dims.values():
+            n *= size
+        return View(dict(dims), tuple(range(n)))
+
+    def slice(self, **sel: int | slice) -> View:
+        for name in sel:
+            if name not in self.dims:
+                raise KeyError(f"no dimension {name!r} to slice; this mesh has {list(self.dims)}")
+        picks: dict[str, list[int]] = {}
+        for name, size in self.dims.items():
+            s = sel.get(name)
+            if s is None:
+                picks[name] = list(range(size))
+            elif isinstance(s, slice):
+                picks[name] = list(range(size))[s]
+            elif isinstance(s, int) and not isinstance(s, bool):
+                if not -size <= s < size:
+                    raise IndexError(f"{name}={s} outside 0..{size - 1}")
+                picks[name] = [s % size]
+            else:
+                raise TypeError(f"slice {name}= takes an int or a slice, not {type(s).__name__}")
+        if any(not p for p in picks.values()):
+            raise IndexError(f"slice {sel} selects no members")
+        new_dims = {n: len(p) for n, p in picks.items() if not isinstance(sel.get(n), int)}
+        ranks = []
+        for i in range(len(self.ranks)):
+            coords = point_of(self.dims, i)
+            if all(coords[n] in picks[n] for n in self.dims):
+                ranks.append(self.ranks[i])
+        return View(new_dims, tuple(ranks))
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+
+class HostMesh:
+    """Machines with a running host agent."""
+
+    def __init__(self, session: Session, hosts: list[str]):
+        self._session = session
+        self._hosts = hosts
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return {"hosts": len(self._hosts)}
+
+    def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
+        """Start procs on every host: per_host={"procs": N} (or {"gpus": N}, one GPU each)."""
+        return self._session._spawn_procs(self._hosts, dict(per_host or {"procs": 1}))
+
+
+class ProcMesh:
+    """Processes hosting actors, shaped {"hosts": H, <kind>: N}."""
+
+    def __init__(self, session: Session, procs: list[ProcRef], view: View):
+        self._session = session
+        self._procs = procs
+        self._view = view
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self._view.dims)
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def slice(self, **sel: int | slice) -> ProcMesh:
+        return ProcMesh(self._session, self._procs, self._view.slice(**sel))
+
+    def procs(self) -> list[ProcRef]:
+        return [self._procs[r] for r in self._view.ranks]
+
+    def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> ActorMesh:
+        """Create one actor per proc; returns when every actor's __init__ has run."""
+        return self._session._spawn_actors(self, name, actor_class, args, kwargs)
+
+    def stop(self) -> None:
+        self._session._stop_procs(self)
+
+
+class ActorMesh:
+    """One actor per proc of a proc mesh; endpoints are attributes."""
+
+    def __init__(self, session: Session, name: str, actor_class: type, procs: list[ProcRef], dims: dict[str, int], view: View | None = None):
+        self._session = session
+        self._name = name
+        self._class = actor_class
+        self._procs = procs  # indexed by root rank
+        self._root_dims = dims
+        self._view = view or View.full(dims)
+        self._endpoints = endpoint_names(actor_class)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self._view.dims)
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def slice(self, **sel: int | slice) -> ActorMesh:
+        return ActorMesh(self._session, self._name, self._class, self._procs, self._root_dims, self._view.slice(**sel))
+
+    def stop(self) -> None:
+        self._session._stop_actors(self)
+
+    def __getattr__(self, name: str) -> Endpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._endpoints:
+            raise AttributeError(
+                f"{self._class.__name__} has no endpoint {name!r} (endpoints: {sorted(self._endpoints)})"
+            )
+        return Endpoint(self, name)
+
+    def __repr__(self) -> str:
+        return f"ActorMesh({self._name!r}, {self._class.__name__}, {self.dims})"
+
+
+class Endpoint:
+    """One endpoint of an actor mesh, with Monarch's adverbs."""
+
+    def __init__(self, mesh: ActorMesh, method: str):
+        self._mesh = mesh
+        self._method = method
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh]:
+        """Call every actor of the mesh; the future holds a ValueMesh."""
+        sink = GatherSink(self._mesh._view)
+        self._mesh._session._call(self._mesh, self._method, args, kwargs, "call", self._mesh._view.ranks, sink)
+        return sink.future
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future:
+        """Call the single actor of a one-member mesh."""
+        if len(self._mesh._view) != 1:
+            raise ValueError(
+                f"call_one needs a mesh of one actor, {self._mesh.name} has {len(self._mesh._view)} "
+                f"{self._mesh.dims}: slice it first, e.g. .slice(procs=0)"
+            )
+        sink = GatherSink(self._mesh._view, single=True)
+        self._mesh._session._call(self._mesh, self._method, args, kwargs, "call_one", self._mesh._view.ranks, sink)
+        return sink.future
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future:
+        """Call one actor of the mesh, picked by the session (least busy); the pick is journaled."""
+        rank = self._mesh._session._choose(self._mesh)
+        sink = GatherSink(self._mesh._view, single=True)
+        self._mesh._session._call(self._mesh, self._method, args, kwargs, "choose", (rank,), sink)
+        return sink.future
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[tuple[Point, Any]]:
+        """Call every actor; yield (point, value) in completion order."""
+        sink = StreamSink(self._mesh._view)
+        session = self._mesh._session
+        session._call(self._mesh, self._method, args, kwargs, "stream", self._mesh._view.ranks, sink)
+        return session._stream_results(sink)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Fire and forget to every actor; failures are logged, not raised."""
+        sink = BroadcastSink(self._mesh.name, self._method)
+        self._mesh._session._call(self._mesh, self._method, args, kwargs, "broadcast", self._mesh._view.ranks, sink)
+
+
+# --- sinks: how outcomes of a call reach the program --------------------------------
+
+
+class GatherSink:
+    """Resolves one future when every point has answered."""
+
+    def __init__(self, view: View, single: bool = False):
+        self.view = view
+        self.single = single
+        self.future: Future = Future()
+        self.decode = None  # set by the session: Outcome -> value or raise
+
+    def deliver(self, call: Any, point: int) -> None:
+        if not call.complete:
+            return
+        try:
+            if self.single:
+                (only,) = call.results.values()
+                value = self.decode(call, only)
+            else:
+                index = {r: i for i, r in enumerate(self.view.ranks)}
+                values: list[Any] = [None] * len(self.view.ranks)
+                for rank, outcome in call.results.items():
+                    values[index[rank]] = self.decode(call, outcome)
+                value = ValueMesh(self.view.dims, values)
+        except BaseException as e:  # noqa: BLE001 - the program sees it through the future
+            self.future.set_exception(e)
+        else:
+            self.future.set_result(value)
+
+
+class StreamSink:
+    """Queues each point's outcome as it arrives."""
+
+    def __init__(self, view: View):
+        self.view = view
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.decode = None
+        self.call: Any = None
+
+    def deliver(self, call: Any, point: int) -> None:
+        self.queue.put((call, point))
+
+
+class BroadcastSink:
+    def __init__(self, actor: str, method: str):
+        self.actor = actor
+        self.method = method
+        self.decode = None
+
+    def deliver(self, call: Any, point: int) -> None:
+        outcome = call.results[point]
+        if outcome.status != "ok":
+            import structlog
+
+            structlog.get_logger("regent.controller").warning(
+                "broadcast failed on one actor", actor=self.actor, endpoint=self.method,
+                point=point, status=outcome.status, error=outcome.meta.get("em"))

@@ -1,0 +1,212 @@
+"""Named shared-memory segments in /dev/shm, owner liveness, and a cross-process lock.
+
+Segments are plain files mapped with mmap (not multiprocessing.shared_memory,
+whose resource tracker unlinks segments that other processes merely attached
+to). A segment's name carries its creator's pid and start time, so segments
+left by a SIGKILLed process can be recognised and swept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import secrets
+import socket
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import structlog
+
+log = structlog.get_logger("hipcore.shm")
+
+PREFIX = "regent-"
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def process_start_time(pid: int) -> int:
+    """Kernel start time of ``pid`` in clock ticks (0 where /proc is unavailable); guards against pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    # The command name (field 2) may contain spaces and parentheses; fields after it are plain.
+    rest = stat[stat.rindex(b")") + 2 :].split()
+    return int(rest[19])
+
+
+_me: tuple[int, int] | None = None
+
+
+def my_identity() -> tuple[int, int]:
+    """(pid, start time) of this process, recomputed after a fork."""
+    global _me
+    pid = os.getpid()
+    if _me is None or _me[0] != pid:
+        _me = (pid, process_start_time(pid))
+    return _me
+
+
+def is_alive(pid: int, start_time: int) -> bool:
+    """True while process ``pid`` (started at ``start_time``) exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    rest = stat[stat.rindex(b")") + 2 :].split()
+    if rest[0] in (b"Z", b"X"):
+        return False
+    return start_time == 0 or int(rest[19]) == start_time
+
+
+def host_id() -> str:
+    """Identifies this host's kernel: two processes share /dev/shm only if their host ids match."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "noboot"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _path(name: str) -> str:
+    if "/" in name or not name.startswith(PREFIX):
+        raise ValueError(f"{name!r} is not a hipcore shared-memory segment name")
+    return os.path.join(SHM_DIR, name)
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    name: str
+    address: int
+    nbytes: int
+
+
+# Data segments this process created and still maps, for zero-copy registration lookups.
+_owned: dict[str, tuple[SegmentInfo, weakref.ref[mmap.mmap]]] = {}
+_owned_lock = threading.Lock()
+_swept = False
+
+
+def _unlink(name: str) -> None:
+    with _owned_lock:
+        _owned.pop(name, None)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_path(name))
+
+
+def create(kind: str, nbytes: int) -> tuple[str, mmap.mmap]:
+    """Create and map a new segment; it is unlinked when the returned mmap is collected."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_orphans()
+    pid, start = my_identity()
+    name = f"{PREFIX}{pid}-{start}-{kind}-{secrets.token_hex(6)}"
+    path = _path(name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))
+        mm = mmap.mmap(fd, max(nbytes, 1))
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    weakref.finalize(mm, _unlink, name)
+    return name, mm
+
+
+def create_data(nbytes: int) -> tuple[str, mmap.mmap]:
+    """A segment for user data, remembered so ``find_owned`` can map an address back to it."""
+    import numpy as np
+
+    name, mm = create("data", nbytes)
+    address = int(np.frombuffer(mm, dtype=np.uint8).__array_interface__["data"][0])
+    with _owned_lock:
+        _owned[name] = (SegmentInfo(name, address, nbytes), weakref.ref(mm))
+    return name, mm
+
+
+def find_owned(address: int, nbytes: int) -> tuple[SegmentInfo, mmap.mmap] | None:
+    """The data segment of this process that holds ``[address, address+nbytes)``, if any."""
+    with _owned_lock:
+        for info, ref in list(_owned.values()):
+            mm = ref()
+            if mm is None:
+                continue
+            if info.address <= address and address + nbytes <= info.address + info.nbytes:
+                return info, mm
+    return None
+
+
+def attach(name: str) -> mmap.mmap:
+    """Map an existing segment read-write (FileNotFoundError if it is gone)."""
+    fd = os.open(_path(name), os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def owner_of(name: str) -> tuple[int, int]:
+    """(pid, start time) encoded in a segment name."""
+    parts = name[len(PREFIX) :].split("-")
+    return int(parts[0]), int(parts[1])
+
+
+def sweep_orphans() -> list[str]:
+    """Remove segments whose creator has died (e.g. SIGKILLed before it could unlink them)."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        try:
+            pid, start = owner_of(name)
+        except (ValueError, IndexError):
+            continue
+        if not is_alive(pid, start):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+    if removed:
+        log.info("removed shared-memory segments of dead processes", count=len(removed))
+    return removed
+
+
+class SegmentLock:
+    """An exclusive lock on a segment across processes (flock, released by the kernel if the
+    holder dies) and across threads of this process (flock alone is per open file)."""
+
+    def __init__(self, name: str) -> None:
+        self._fd = os.open(_path(name), os.O_RDWR)
+        self._thread_lock = threading.Lock()
+        weakref.finalize(self, os.close, self._fd)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)

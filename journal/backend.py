@@ -1,0 +1,75 @@
+"""The storage contract both backends (etcd, SQLite) implement for the journal.
+
+A backend stores opaque batch values under (session, first lsn), holds one leader per session
+with a lease, and makes every write conditional on still holding it. It knows nothing of
+record contents beyond what it is handed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from .batching import Batch
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Proof of leadership: who leads which session, in which epoch, under which lease."""
+
+    session: str
+    holder: str
+    epoch: int
+    lease_id: int
+    ttl_s: float
+
+
+class Backend(Protocol):
+    url: str
+    # How often a standby polls for a free leader slot.
+    poll_interval_s: float
+
+    def try_acquire(self, session: str, holder: str, ttl_s: float) -> Grant | None:
+        """Become leader if nobody is; return None if someone else leads."""
+
+    def refresh(self, grant: Grant) -> bool:
+        """Renew the lease; False if it is gone. Raises on transient errors."""
+
+    def release(self, grant: Grant) -> None:
+        """Give up leadership at once (a standby may take over immediately)."""
+
+    def leader(self, session: str) -> tuple[str, int] | None:
+        """Current (holder, epoch) of a session, or None."""
+
+    def put_batches(self, grant: Grant, batches: list[Batch]) -> None:
+        """Store batches atomically, only if `grant` still leads; else raise LeadershipLost.
+
+        Must be idempotent: storing batches that are already there with the same content
+        (a retry after an ambiguous failure) succeeds.
+        """
+
+    def put_checkpoint(self, grant: Grant, value: bytes) -> None:
+        """Store the session's checkpoint, only if `grant` still leads."""
+
+    def get_checkpoint(self, session: str) -> bytes | None: ...
+
+    def iter_batches(self, session: str, start_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
+        """(first lsn, value) of every batch holding lsns >= start_lsn, in lsn order."""
+
+    def first_batch(self, session: str) -> tuple[int, bytes] | None: ...
+
+    def last_batch(self, session: str) -> tuple[int, bytes] | None: ...
+
+    def delete_batches(self, session: str, lo_lsn: int, hi_lsn: int) -> None:
+        """Delete the batches whose first lsn lies in [lo_lsn, hi_lsn)."""
+
+    def get_compacted(self, session: str) -> bytes | None: ...
+
+    def put_compacted(self, session: str, value: bytes) -> None: ...
+
+    def session_names(self) -> list[str]: ...
+
+    def delete_session(self, session: str) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,211 @@
+"""Byte formats of the journal: records, batches of records, checkpoints, compaction notes.
+
+A record is msgpack `[lsn, epoch, kind, data, ts]` framed with its crc32, so a flipped bit is
+caught and named by lsn. Many records share one stored value (a batch): that is what makes
+group commit cheap. Pure functions only; nothing here does IO or ever unpickles.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import msgpack
+
+from .errors import CorruptRecord, RecordTooLarge
+from .records import Record
+
+BATCH_FORMAT = b"\x01"
+CHECKPOINT_FORMAT = b"\x01"
+
+# A record larger than this belongs outside the journal (digest and size only): etcd refuses
+# requests over 1.5 MiB, and the batch it travels in needs headroom for keys and compares.
+MAX_RECORD_BYTES = 1 << 20
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+_crc32 = zlib.crc32
+
+
+def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: float) -> bytes:
+    """Return the framed bytes of one record; raise RecordTooLarge or TypeError on bad input."""
+    if not isinstance(kind, str):
+        raise TypeError(f"record kind must be a str, got {type(kind).__name__} for lsn {lsn}")
+    if not isinstance(data, dict):
+        raise TypeError(f"record data must be a dict, got {type(data).__name__} for lsn {lsn}")
+    try:
+        body = _packb([lsn, epoch, kind, data, ts], use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(
+            f"record {kind!r} (lsn {lsn}) holds a value msgpack cannot encode: {exc}; "
+            "journal data may only contain str, int, float, bool, None, bytes, lists and "
+            "dicts with str keys"
+        ) from exc
+    if len(body) > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            f"record {kind!r} (lsn {lsn}) is {len(body)} bytes; the journal takes at most "
+            f"{MAX_RECORD_BYTES} bytes per record. Keep large values out of the journal "
+            "(journal their digest and size and keep the bytes with the worker)."
+        )
+    return _packb((body, _crc32(body)), use_bin_type=True)
+
+
+def encode_batch(frames: list[bytes]) -> bytes:
+    """Join framed records (contiguous lsns) into one stored value."""
+    return b"".join([BATCH_FORMAT, _packb(len(frames)), *frames])
+
+
+def batch_count(value: bytes, session: str, first_lsn: int) -> int:
+    """Return how many records a stored batch claims to hold, reading only its header."""
+    if value[:1] != BATCH_FORMAT:
+        raise CorruptRecord(session, first_lsn, f"batch has unknown format byte {value[:1]!r}")
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(value[1:10])
+    try:
+        count = unpacker.unpack()
+    except Exception as exc:
+        raise CorruptRecord(session, first_lsn, f"batch header is unreadable ({exc})") from exc
+    if not isinstance(count, int) or count < 1:
+        raise CorruptRecord(session, first_lsn, f"batch header claims {count!r} records")
+    return count
+
+
+def _frames(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacker, int]:
+    count = batch_count(value, session, first_lsn)
+    unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=len(value) + 16)
+    unpacker.feed(memoryview(value)[1:])
+    unpacker.unpack()
+    return unpacker, count
+
+
+def decode_batch(value: bytes, session: str, first_lsn: int) -> list[Record]:
+    """Decode every record of a batch, verifying checksums; raise CorruptRecord on any defect."""
+    unpacker, count = _frames(value, session, first_lsn)
+    out: list[Record] = []
+    append = out.append
+    new = tuple.__new__
+    lsn = first_lsn
+    try:
+        for _ in range(count):
+            body, crc = unpacker.unpack()
+            if _crc32(body) != crc:
+                raise CorruptRecord(session, lsn, "checksum mismatch")
+            fields = _unpackb(body, raw=False)
+            if fields[0] != lsn:
+                raise CorruptRecord(
+                    session, lsn, f"record says lsn {fields[0]} but is stored at lsn {lsn}"
+                )
+            append(new(Record, fields))
+            lsn += 1
+    except CorruptRecord:
+        raise
+    except Exception as exc:
+        raise CorruptRecord(session, lsn, f"torn record ({type(exc).__name__}: {exc})") from exc
+    return out
+
+
+def inspect_batch(
+    value: bytes, session: str, first_lsn: int
+) -> tuple[list[tuple[int, int | None, str | None]], list[str]]:
+    """Decode a batch leniently for verification.
+
+    Returns ([(lsn, epoch or None, kind or None)], problems): a record whose checksum fails is
+    listed with epoch None so the caller still counts its lsn; a torn batch stops the listing.
+    """
+    problems: list[str] = []
+    entries: list[tuple[int, int | None, str | None]] = []
+    try:
+        unpacker, count = _frames(value, session, first_lsn)
+    except CorruptRecord as exc:
+        return entries, [f"lsn {first_lsn}: {exc.problem}"]
+    lsn = first_lsn
+    for _ in range(count):
+        try:
+            body, crc = unpacker.unpack()
+        except Exception as exc:
+            problems.append(
+                f"lsn {lsn}: torn record, batch at lsn {first_lsn} ends early "
+                f"({type(exc).__name__})"
+            )
+            return entries, problems
+        if not isinstance(body, bytes) or _crc32(body) != crc:
+            problems.append(f"lsn {lsn}: checksum mismatch")
+            entries.append((lsn, None, None))
+            lsn += 1
+            continue
+        try:
+            fields = _unpackb(body, raw=False)
+            stored_lsn, epoch, kind = fields[0], fields[1], fields[2]
+        except Exception as exc:
+            problems.append(f"lsn {lsn}: undecodable record ({type(exc).__name__})")
+            entries.append((lsn, None, None))
+            lsn += 1
+            continue
+        if stored_lsn != lsn:
+            problems.append(f"lsn {lsn}: record says lsn {stored_lsn}")
+        entries.append((lsn, epoch, kind))
+        lsn += 1
+    try:
+        unpacker.unpack()
+        problems.append(f"lsn {first_lsn}: batch holds more than the {count} records it declares")
+    except msgpack.OutOfData:
+        pass
+    except Exception:
+        problems.append(f"lsn {first_lsn}: trailing garbage after {count} records")
+    return entries, problems
+
+
+def encode_checkpoint(lsn: int, epoch: int, ts: float, data: dict[str, Any]) -> bytes:
+    """Frame a checkpoint taken when records below `lsn` were all applied."""
+    body = _packb({"lsn": lsn, "epoch": epoch, "ts": ts, "data": data}, use_bin_type=True)
+    if len(body) > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            f"checkpoint at lsn {lsn} is {len(body)} bytes; the journal takes at most "
+            f"{MAX_RECORD_BYTES}. Checkpoint digests and handles, not bulk data."
+        )
+    return CHECKPOINT_FORMAT + _packb((body, _crc32(body)), use_bin_type=True)
+
+
+def decode_checkpoint(value: bytes, session: str) -> dict[str, Any]:
+    """Return {"lsn", "epoch", "ts", "data"} of a stored checkpoint, verifying its checksum."""
+    if value[:1] != CHECKPOINT_FORMAT:
+        raise CorruptRecord(session, None, f"checkpoint has unknown format byte {value[:1]!r}")
+    try:
+        body, crc = _unpackb(value[1:], raw=False)
+    except Exception as exc:
+        raise CorruptRecord(session, None, f"checkpoint is torn ({exc})") from exc
+    if _crc32(body) != crc:
+        raise CorruptRecord(session, None, "checkpoint checksum mismatch")
+    return _unpackb(body, raw=False)
+
+
+def encode_ranges(ranges: list[tuple[int, int]]) -> bytes:
+    """Encode the half-open lsn ranges a compaction removed."""
+    return _packb([[lo, hi] for lo, hi in ranges])
+
+
+def decode_ranges(value: bytes | None) -> list[tuple[int, int]]:
+    if not value:
+        return []
+    return [(int(lo), int(hi)) for lo, hi in _unpackb(value)]
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge overlapping or touching half-open ranges."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def covered(ranges: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    """True if every lsn in [lo, hi) lies inside one of the (merged) ranges."""
+    for r_lo, r_hi in ranges:
+        if r_lo <= lo < r_hi:
+            if hi <= r_hi:
+                return True
+            lo = r_hi
+    return lo >= hi

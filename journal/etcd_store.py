@@ -1,0 +1,393 @@
+"""The production journal backend: etcd v3, through pyetcd (python-etcd3 API).
+
+Layout under /regent/<session>/: `leader` (holder name, attached to a lease; its create
+revision is the epoch), `log/<first lsn, 16 hex digits>` (one batch of records per key),
+`checkpoint`, `compacted`. Every write is one transaction conditioned on the leader key, and
+is idempotent, so a retry after an ambiguous failure (etcd restarted mid-request) neither
+loses nor duplicates records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import pyetcd
+import structlog
+from pyetcd import exceptions as etcd_exc
+from pyetcd.utils import prefix_range_end
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from .backend import Grant
+from .batching import Batch
+from .errors import JournalError, JournalUnavailable, LeadershipLost
+
+log = structlog.get_logger("journal.etcd")
+
+T = TypeVar("T")
+
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 16 << 20),
+    # etcd restarts in well under a second; don't let gRPC back off for longer than that.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+_TRANSIENT_CODES = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+}
+_TRANSIENT_TYPES = (
+    etcd_exc.ConnectionFailedError,
+    etcd_exc.ConnectionTimeoutError,
+    etcd_exc.NoServerAvailableError,
+    etcd_exc.InternalServerError,
+)
+
+_ROOT = b"/regent/"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors that may go away if the same request is sent again."""
+    if isinstance(exc, _TRANSIENT_TYPES):
+        return True
+    return isinstance(exc, grpc.RpcError) and exc.code() in _TRANSIENT_CODES
+
+
+def start_hint(address: str) -> str:
+    return (
+        f"start one with: etcd --data-dir /tmp/etcd --listen-client-urls http://{address} "
+        f"--advertise-client-urls http://{address}"
+    )
+
+
+def _session_prefix(session: str) -> bytes:
+    return _ROOT + session.encode() + b"/"
+
+
+def _leader_key(session: str) -> bytes:
+    return _session_prefix(session) + b"leader"
+
+
+def _log_prefix(session: str) -> bytes:
+    return _session_prefix(session) + b"log/"
+
+
+def log_key(session: str, lsn: int) -> bytes:
+    """The etcd key of the batch whose first record has this lsn."""
+    return _log_prefix(session) + b"%016x" % lsn
+
+
+def _checkpoint_key(session: str) -> bytes:
+    return _session_prefix(session) + b"checkpoint"
+
+
+def _compacted_key(session: str) -> bytes:
+    return _session_prefix(session) + b"compacted"
+
+
+class EtcdStore:
+    """Backend over an etcd cluster (one or more client endpoints, tried in turn)."""
+
+    poll_interval_s = 0.05
+
+    def __init__(
+        self,
+        addresses: list[tuple[str, int]],
+        *,
+        op_timeout_s: float = 5.0,
+        retry_s: float = 10.0,
+        connect_timeout_s: float = 3.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("an etcd journal url needs at least one host:port")
+        self.addresses = addresses
+        self.address_text = ",".join(f"{h}:{p}" for h, p in addresses)
+        self.url = f"etcd://{self.address_text}"
+        self._op_timeout_s = op_timeout_s
+        self._retry_s = retry_s
+        self._client = self._make_client(op_timeout_s)
+        self._keepalive_client: pyetcd.MultiEndpointEtcd3Client | None = None
+        self._check_reachable(connect_timeout_s)
+
+    def _make_client(self, timeout: float) -> pyetcd.MultiEndpointEtcd3Client:
+        # pyetcd marks a failed endpoint unusable for `time_retry` seconds; with one endpoint
+        # that would turn a one-second etcd restart into minutes of errors.
+        several = len(self.addresses) > 1
+        endpoints = [
+            pyetcd.Endpoint(
+                host, port, secure=False, time_retry=0.5 if several else 0.0, opts=_GRPC_OPTIONS
+            )
+            for host, port in self.addresses
+        ]
+        return pyetcd.MultiEndpointEtcd3Client(
+            endpoints=endpoints, timeout=timeout, failover=several
+        )
+
+    def _check_reachable(self, connect_timeout_s: float) -> None:
+        try:
+            self._retry(self._client.status, what="status", within_s=connect_timeout_s)
+        except JournalUnavailable as exc:
+            cause = exc.__cause__
+            first = self.addresses[0]
+            address = f"{first[0]}:{first[1]}"
+            if isinstance(cause, etcd_exc.ConnectionTimeoutError):
+                problem = (
+                    f"did not answer within {connect_timeout_s:g}s (is it paused or overloaded?"
+                )
+            else:
+                problem = "refused the connection (is etcd running?"
+            self._client.close()
+            raise JournalUnavailable(
+                f"etcd at {self.address_text} {problem} {start_hint(address)})"
+            ) from cause
+
+    def _retry(self, fn: Callable[[], T], *, what: str, within_s: float | None = None) -> T:
+        limit = self._retry_s if within_s is None else within_s
+
+        def note(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "etcd request failed, retrying",
+                request=what,
+                etcd=self.address_text,
+                attempt=state.attempt_number,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+        retrying = Retrying(
+            stop=stop_after_delay(limit),
+            wait=wait_exponential(multiplier=0.05, min=0.05, max=0.5),
+            retry=retry_if_exception(is_transient),
+            before_sleep=note,
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except Exception as exc:
+            if is_transient(exc):
+                raise JournalUnavailable(
+                    f"etcd at {self.address_text} did not complete {what} within {limit:g}s "
+                    f"({type(exc).__name__}: {exc}); check that etcd is running and reachable"
+                ) from exc
+            raise
+
+    def _txn(self, compare: list[Any], success: list[Any], failure: list[Any]) -> tuple[bool, list]:
+        return self._client.transaction(compare=compare, success=success, failure=failure)
+
+    # leadership
+
+    def try_acquire(self, session: str, holder: str, ttl_s: float) -> Grant | None:
+        key = _leader_key(session)
+        value, _ = self._retry(lambda: self._client.get(key), what="read leader")
+        if value is not None:
+            return None
+        ttl = max(1, math.ceil(ttl_s))
+        lease = self._retry(lambda: self._client.lease(ttl), what="grant lease")
+        t = self._client.transactions
+        try:
+            _, responses = self._retry(
+                lambda: self._txn(
+                    [t.create(key) == 0],
+                    [t.put(key, holder.encode(), lease.id), t.get(key)],
+                    [t.get(key)],
+                ),
+                what="campaign",
+            )
+        except BaseException:
+            self._revoke_quietly(lease.id)
+            raise
+        kvs = responses[-1]
+        # Compare the lease rather than trusting `succeeded`: a retried campaign whose first
+        # attempt committed lands in the failure branch, yet the key is ours.
+        if kvs and kvs[0][1].lease_id == lease.id:
+            return Grant(session, holder, kvs[0][1].create_revision, lease.id, float(lease.ttl))
+        self._revoke_quietly(lease.id)
+        return None
+
+    def _revoke_quietly(self, lease_id: int) -> None:
+        try:
+            self._client.revoke_lease(lease_id)
+        except Exception as exc:
+            log.info("could not revoke etcd lease", lease=lease_id, error=str(exc))
+
+    def refresh(self, grant: Grant) -> bool:
+        if self._keepalive_client is None:
+            timeout = max(0.2, min(grant.ttl_s / 4, 2.0))
+            self._keepalive_client = self._make_client(timeout)
+        responses = list(self._keepalive_client.refresh_lease(grant.lease_id))
+        return bool(responses) and responses[0].TTL > 0
+
+    def release(self, grant: Grant) -> None:
+        try:
+            self._retry(
+                lambda: self._client.revoke_lease(grant.lease_id), what="revoke lease", within_s=3.0
+            )
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+
+    def leader(self, session: str) -> tuple[str, int] | None:
+        value, meta = self._retry(
+            lambda: self._client.get(_leader_key(session)), what="read leader"
+        )
+        if value is None:
+            return None
+        return value.decode(), meta.create_revision
+
+    def _fence(self, grant: Grant) -> list[Any]:
+        t = self._client.transactions
+        key = _leader_key(grant.session)
+        return [t.create(key) == grant.epoch, t.value(key) == grant.holder.encode()]
+
+    def _lost(self, grant: Grant, leader_kvs: list, what: str) -> LeadershipLost:
+        if leader_kvs:
+            value, meta = leader_kvs[0]
+            now_held = f"{value.decode()!r} holds it in epoch {meta.create_revision}"
+        else:
+            now_held = "nobody holds it now"
+        return LeadershipLost(
+            f"{what} refused: {grant.holder!r} no longer leads session {grant.session!r} "
+            f"(its epoch {grant.epoch} lease expired or was taken over; {now_held})"
+        )
+
+    # log
+
+    def put_batches(self, grant: Grant, batches: list[Batch]) -> None:
+        t = self._client.transactions
+        first_key = log_key(grant.session, batches[0].first_lsn)
+        compare = [*self._fence(grant), t.create(first_key) == 0]
+        success = [t.put(log_key(grant.session, b.first_lsn), b.value) for b in batches]
+        failure = [t.get(_leader_key(grant.session)), t.get(first_key)]
+
+        def attempt() -> None:
+            ok, responses = self._txn(compare, success, failure)
+            if ok:
+                return
+            leader_kvs, first_kvs = responses
+            if first_kvs and first_kvs[0][0] == batches[0].value:
+                log.info(
+                    "append was already committed by an earlier attempt",
+                    session=grant.session,
+                    lsn=batches[0].first_lsn,
+                )
+                return
+            if first_kvs and leader_kvs and leader_kvs[0][1].create_revision == grant.epoch:
+                raise JournalError(
+                    f"session {grant.session!r}: lsn {batches[0].first_lsn} is already written "
+                    f"with other content; two writers share epoch {grant.epoch}"
+                )
+            raise self._lost(grant, leader_kvs, "append")
+
+        self._retry(attempt, what=f"append at lsn {batches[0].first_lsn}")
+
+    def put_checkpoint(self, grant: Grant, value: bytes) -> None:
+        t = self._client.transactions
+
+        def attempt() -> None:
+            ok, responses = self._txn(
+                self._fence(grant),
+                [t.put(_checkpoint_key(grant.session), value)],
+                [t.get(_leader_key(grant.session))],
+            )
+            if not ok:
+                raise self._lost(grant, responses[0], "checkpoint")
+
+        self._retry(attempt, what="checkpoint")
+
+    def get_checkpoint(self, session: str) -> bytes | None:
+        value, _ = self._retry(
+            lambda: self._client.get(_checkpoint_key(session)), what="read checkpoint"
+        )
+        return value
+
+    def _range(self, start: bytes, end: bytes, **kwargs: Any) -> Any:
+        return self._retry(
+            lambda: self._client.get_range_response(start, end, **kwargs), what="read log"
+        )
+
+    def iter_batches(self, session: str, start_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
+        prefix = _log_prefix(session)
+        end = prefix_range_end(prefix)
+        start_key = log_key(session, start_lsn)
+        # The batch holding start_lsn may begin before it.
+        resp = self._range(prefix, start_key + b"\0", sort_order="descend", limit=1, keys_only=True)
+        from_key = resp.kvs[0].key if resp.kvs else start_key
+        limit = 64
+        cut = len(prefix)
+        while True:
+            resp = self._range(from_key, end, limit=limit)
+            size = 0
+            for kv in resp.kvs:
+                size += len(kv.value)
+                yield int(kv.key[cut:], 16), kv.value
+            if not resp.more or not resp.kvs:
+                return
+            from_key = resp.kvs[-1].key + b"\0"
+            # Aim for pages of a few MiB whatever the batch size.
+            per_key = max(1, size // len(resp.kvs))
+            limit = max(16, min(4096, (4 << 20) // per_key))
+
+    def _edge_batch(self, session: str, order: str) -> tuple[int, bytes] | None:
+        prefix = _log_prefix(session)
+        resp = self._range(prefix, prefix_range_end(prefix), sort_order=order, limit=1)
+        if not resp.kvs:
+            return None
+        kv = resp.kvs[0]
+        return int(kv.key[len(prefix) :], 16), kv.value
+
+    def first_batch(self, session: str) -> tuple[int, bytes] | None:
+        return self._edge_batch(session, "ascend")
+
+    def last_batch(self, session: str) -> tuple[int, bytes] | None:
+        return self._edge_batch(session, "descend")
+
+    def delete_batches(self, session: str, lo_lsn: int, hi_lsn: int) -> None:
+        start, end = log_key(session, lo_lsn), log_key(session, hi_lsn)
+        t = self._client.transactions
+        self._retry(lambda: self._txn([], [t.delete(start, end)], []), what="compact")
+
+    def get_compacted(self, session: str) -> bytes | None:
+        value, _ = self._retry(
+            lambda: self._client.get(_compacted_key(session)), what="read compaction note"
+        )
+        return value
+
+    def put_compacted(self, session: str, value: bytes) -> None:
+        self._retry(
+            lambda: self._client.put(_compacted_key(session), value), what="note compaction"
+        )
+
+    def session_names(self) -> list[str]:
+        # Skip from one session's keys to the next instead of listing every log key.
+        names: list[str] = []
+        start, end = _ROOT, prefix_range_end(_ROOT)
+        while True:
+            resp = self._range(start, end, limit=1, keys_only=True)
+            if not resp.kvs:
+                return names
+            name = resp.kvs[0].key[len(_ROOT) :].split(b"/", 1)[0]
+            names.append(name.decode())
+            start = _ROOT + name + b"0"  # "0" sorts right after "/"
+
+    def delete_session(self, session: str) -> None:
+        prefix = _session_prefix(session)
+        self._retry(lambda: self._client.delete_prefix(prefix), what="delete session")
+
+    def close(self) -> None:
+        self._client.close()
+        if self._keepalive_client is not None:
+            self._keepalive_client.close()

@@ -1,0 +1,173 @@
+"""Group commit: many submitted records, few fenced appends.
+
+`submit` frames a record and hands back its lsn at once; one background thread owned by the
+writer appends whatever has accumulated in one go. Records that nobody waits for linger up
+to `max_delay_s` to fill a batch; a waiter on durability makes the thread flush immediately.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import structlog
+
+from . import codec
+from .election import Leadership
+from .errors import JournalError
+
+log = structlog.get_logger("journal.group_commit")
+
+
+class GroupCommitWriter:
+    """Append records for one leader in submission order, batching them into few writes.
+
+    While a writer is open, append through it only. The lsn order equals the submit order.
+    An append failure (LeadershipLost, JournalUnavailable) is raised to every waiter and to
+    every later submit.
+    """
+
+    def __init__(self, lead: Leadership, max_batch: int = 512, max_delay_s: float = 0.002) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self._lead = lead
+        self._epoch = lead.epoch
+        self._max_batch = max_batch
+        self._max_delay_s = max_delay_s
+        self._cond = threading.Condition()
+        self._pending: list[bytes] = []
+        self._pending_first = lead.next_lsn
+        self._first_pending_at = 0.0
+        self._next_lsn = lead.next_lsn
+        self._durable = lead.next_lsn - 1
+        self._urgent_upto = -1
+        self._error: BaseException | None = None
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"journal-group-commit-{lead.session}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def durable_lsn(self) -> int:
+        """The highest lsn known to be durable (-1 if none yet)."""
+        return self._durable
+
+    @property
+    def next_lsn(self) -> int:
+        """The lsn the next submitted record will get."""
+        return self._next_lsn
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise JournalError(f"group-commit writer of session {self._lead.session!r} is closed")
+
+    def submit(self, kind: str, data: dict[str, Any]) -> int:
+        """Queue one record and return its lsn; does not wait for it to be durable."""
+        ts = time.time()
+        with self._cond:
+            self._raise_if_failed()
+            lsn = self._next_lsn
+            frame = codec.encode_record(lsn, self._epoch, kind, data, ts)
+            self._next_lsn = lsn + 1
+            if not self._pending:
+                self._first_pending_at = time.monotonic()
+                self._cond.notify_all()
+            elif len(self._pending) + 1 >= self._max_batch:
+                self._cond.notify_all()
+            self._pending.append(frame)
+        return lsn
+
+    def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
+        """Block until record `lsn` is durable; raise the append error if the write failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if lsn >= self._next_lsn:
+                raise ValueError(f"lsn {lsn} was never submitted (next lsn is {self._next_lsn})")
+            if lsn <= self._durable:
+                return
+            self._urgent_upto = max(self._urgent_upto, lsn)
+            self._cond.notify_all()
+            while lsn > self._durable:
+                if self._error is not None:
+                    raise self._error
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"lsn {lsn} of session {self._lead.session!r} not durable after "
+                        f"{timeout:g}s (durable up to {self._durable})"
+                    )
+                self._cond.wait(remaining)
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every submitted record is durable; return the last lsn (-1 if none)."""
+        with self._cond:
+            last = self._next_lsn - 1
+        if last > self._durable:
+            self.wait_durable(last, timeout)
+        elif self._error is not None:
+            raise self._error
+        return last
+
+    def close(self) -> None:
+        """Write what is pending, then stop the thread. Errors were already raised to waiters."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def __enter__(self) -> GroupCommitWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take(self) -> tuple[int, list[bytes]] | None:
+        with self._cond:
+            while not self._pending:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            while (
+                len(self._pending) < self._max_batch
+                and self._urgent_upto < self._pending_first
+                and not self._closing
+            ):
+                remaining = self._first_pending_at + self._max_delay_s - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            first = self._pending_first
+            frames = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            self._pending_first = first + len(frames)
+            if self._pending:
+                self._first_pending_at = time.monotonic()
+            return first, frames
+
+    def _run(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            first, frames = taken
+            try:
+                last = self._lead.append_frames(first, frames)
+            except BaseException as exc:
+                log.warning(
+                    "group commit failed",
+                    session=self._lead.session,
+                    lsn=first,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                with self._cond:
+                    self._error = exc
+                    self._pending.clear()
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._durable = last
+                self._cond.notify_all()

@@ -1,0 +1,294 @@
+"""The embedded journal backend: one SQLite file in WAL mode, shared by every process on a host.
+
+Leadership is a row with an expiry time refreshed by the leader's keepalive; the epoch is a
+per-session counter that only grows. Every write checks the leader row inside the same
+`BEGIN IMMEDIATE` transaction, which is what fences a deposed leader.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import structlog
+
+from .backend import Grant
+from .batching import Batch
+from .errors import JournalError, JournalUnavailable, LeadershipLost
+
+log = structlog.get_logger("journal.sqlite")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS leader (
+    session TEXT PRIMARY KEY, holder TEXT NOT NULL, epoch INTEGER NOT NULL,
+    expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS epochs (session TEXT PRIMARY KEY, last_epoch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS log (
+    session TEXT NOT NULL, first_lsn INTEGER NOT NULL, body BLOB NOT NULL,
+    PRIMARY KEY (session, first_lsn));
+CREATE TABLE IF NOT EXISTS checkpoint (session TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS compacted (session TEXT PRIMARY KEY, body BLOB NOT NULL);
+"""
+
+_PAGE = 512
+
+
+class SqliteStore:
+    """Backend over one SQLite file; a connection per thread, since sqlite3 objects are not shared."""
+
+    poll_interval_s = 0.02
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
+        self.path = Path(path)
+        self.url = f"sqlite://{self.path}"
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = self._conn()
+            conn.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise JournalUnavailable(
+                f"cannot open the SQLite journal at {self.path}: {exc} "
+                "(check that the directory exists and is writable, or pass another "
+                "journal url such as sqlite:///tmp/regent.db)"
+            ) from exc
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise JournalError(f"journal {self.url} is closed")
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        self._local.conn = conn
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise JournalUnavailable(
+                f"SQLite journal {self.path} stayed locked for {self._busy_ms} ms ({exc}); "
+                "another process holds a long write transaction"
+            ) from exc
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # leadership
+
+    def try_acquire(self, session: str, holder: str, ttl_s: float) -> Grant | None:
+        conn = self._conn()
+        row = conn.execute("SELECT expires_at FROM leader WHERE session = ?", (session,)).fetchone()
+        if row is not None and row[0] > time.time():
+            return None
+        with self._write() as conn:
+            now = time.time()
+            row = conn.execute(
+                "SELECT expires_at FROM leader WHERE session = ?", (session,)
+            ).fetchone()
+            if row is not None and row[0] > now:
+                return None
+            last = conn.execute(
+                "SELECT last_epoch FROM epochs WHERE session = ?", (session,)
+            ).fetchone()
+            epoch = (last[0] if last else 0) + 1
+            conn.execute(
+                "INSERT INTO epochs (session, last_epoch) VALUES (?, ?) "
+                "ON CONFLICT (session) DO UPDATE SET last_epoch = excluded.last_epoch",
+                (session, epoch),
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO leader (session, holder, epoch, expires_at) "
+                "VALUES (?, ?, ?, ?)",
+                (session, holder, epoch, now + ttl_s),
+            )
+        return Grant(session, holder, epoch, epoch, ttl_s)
+
+    def refresh(self, grant: Grant) -> bool:
+        with self._write() as conn:
+            now = time.time()
+            cur = conn.execute(
+                "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? "
+                "AND epoch = ? AND expires_at > ?",
+                (now + grant.ttl_s, grant.session, grant.holder, grant.epoch, now),
+            )
+            return cur.rowcount == 1
+
+    def release(self, grant: Grant) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "DELETE FROM leader WHERE session = ? AND holder = ? AND epoch = ?",
+                (grant.session, grant.holder, grant.epoch),
+            )
+
+    def leader(self, session: str) -> tuple[str, int] | None:
+        row = (
+            self._conn()
+            .execute("SELECT holder, epoch, expires_at FROM leader WHERE session = ?", (session,))
+            .fetchone()
+        )
+        if row is None or row[2] <= time.time():
+            return None
+        return row[0], row[1]
+
+    def _check_leader(self, conn: sqlite3.Connection, grant: Grant, what: str) -> None:
+        row = conn.execute(
+            "SELECT holder, epoch, expires_at FROM leader WHERE session = ?", (grant.session,)
+        ).fetchone()
+        now = time.time()
+        if row is not None and (row[0], row[1]) == (grant.holder, grant.epoch) and row[2] > now:
+            return
+        if row is None or row[2] <= now:
+            now_held = "nobody holds it now"
+        else:
+            now_held = f"{row[0]!r} holds it in epoch {row[1]}"
+        raise LeadershipLost(
+            f"{what} refused: {grant.holder!r} no longer leads session {grant.session!r} "
+            f"(its epoch {grant.epoch} lease expired or was taken over; {now_held})"
+        )
+
+    # log
+
+    def put_batches(self, grant: Grant, batches: list[Batch]) -> None:
+        with self._write() as conn:
+            self._check_leader(conn, grant, "append")
+            for batch in batches:
+                try:
+                    conn.execute(
+                        "INSERT INTO log (session, first_lsn, body) VALUES (?, ?, ?)",
+                        (grant.session, batch.first_lsn, batch.value),
+                    )
+                except sqlite3.IntegrityError:
+                    row = conn.execute(
+                        "SELECT body FROM log WHERE session = ? AND first_lsn = ?",
+                        (grant.session, batch.first_lsn),
+                    ).fetchone()
+                    if row is None or bytes(row[0]) != batch.value:
+                        raise JournalError(
+                            f"session {grant.session!r}: lsn {batch.first_lsn} is already "
+                            f"written with other content; two writers share epoch {grant.epoch}"
+                        ) from None
+
+    def put_checkpoint(self, grant: Grant, value: bytes) -> None:
+        with self._write() as conn:
+            self._check_leader(conn, grant, "checkpoint")
+            conn.execute(
+                "INSERT OR REPLACE INTO checkpoint (session, body) VALUES (?, ?)",
+                (grant.session, value),
+            )
+
+    def get_checkpoint(self, session: str) -> bytes | None:
+        row = (
+            self._conn()
+            .execute("SELECT body FROM checkpoint WHERE session = ?", (session,))
+            .fetchone()
+        )
+        return None if row is None else bytes(row[0])
+
+    def iter_batches(self, session: str, start_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT MAX(first_lsn) FROM log WHERE session = ? AND first_lsn <= ?",
+            (session, start_lsn),
+        ).fetchone()
+        cursor_lsn = start_lsn if row[0] is None else row[0]
+        while True:
+            rows = conn.execute(
+                "SELECT first_lsn, body FROM log WHERE session = ? AND first_lsn >= ? "
+                "ORDER BY first_lsn LIMIT ?",
+                (session, cursor_lsn, _PAGE),
+            ).fetchall()
+            yield from rows
+            if len(rows) < _PAGE:
+                return
+            cursor_lsn = rows[-1][0] + 1
+
+    def first_batch(self, session: str) -> tuple[int, bytes] | None:
+        row = (
+            self._conn()
+            .execute(
+                "SELECT first_lsn, body FROM log WHERE session = ? ORDER BY first_lsn LIMIT 1",
+                (session,),
+            )
+            .fetchone()
+        )
+        return None if row is None else (row[0], bytes(row[1]))
+
+    def last_batch(self, session: str) -> tuple[int, bytes] | None:
+        row = (
+            self._conn()
+            .execute(
+                "SELECT first_lsn, body FROM log WHERE session = ? ORDER BY first_lsn DESC LIMIT 1",
+                (session,),
+            )
+            .fetchone()
+        )
+        return None if row is None else (row[0], bytes(row[1]))
+
+    def delete_batches(self, session: str, lo_lsn: int, hi_lsn: int) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "DELETE FROM log WHERE session = ? AND first_lsn >= ? AND first_lsn < ?",
+                (session, lo_lsn, hi_lsn),
+            )
+
+    def get_compacted(self, session: str) -> bytes | None:
+        row = (
+            self._conn()
+            .execute("SELECT body FROM compacted WHERE session = ?", (session,))
+            .fetchone()
+        )
+        return None if row is None else bytes(row[0])
+
+    def put_compacted(self, session: str, value: bytes) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO compacted (session, body) VALUES (?, ?)", (session, value)
+            )
+
+    def session_names(self) -> list[str]:
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT session FROM log UNION SELECT session FROM leader "
+                "UNION SELECT session FROM checkpoint ORDER BY 1"
+            )
+            .fetchall()
+        )
+        return [r[0] for r in rows]
+
+    def delete_session(self, session: str) -> None:
+        # The epoch counter stays: a recreated session must still never reuse an epoch.
+        with self._write() as conn:
+            for table in ("log", "leader", "checkpoint", "compacted"):
+                conn.execute(f"DELETE FROM {table} WHERE session = ?", (session,))
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()

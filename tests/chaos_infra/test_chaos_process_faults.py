@@ -1,0 +1,80 @@
+"""SIGKILL and SIGSTOP/SIGCONT of a real process, checked through /proc/PID/stat."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from chaos import FaultLog, ProcessFaultError, kill, pause, paused, process_state, resume
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+    proc.wait()
+
+
+def test_pause_stops_the_process_and_resume_continues_it(sleeper: subprocess.Popen) -> None:
+    faults = FaultLog()
+    pause_event = pause(sleeper.pid, target="sleeper", log_to=faults)
+    assert process_state(sleeper.pid) == "T"
+    resume_event = resume(sleeper.pid, target="sleeper", log_to=faults)
+    assert process_state(sleeper.pid) in ("S", "R")
+    assert [(e.kind, e.target) for e in faults.events()] == [
+        ("pause", "sleeper"),
+        ("resume", "sleeper"),
+    ]
+    assert faults.events() == [pause_event, resume_event]
+    assert pause_event.t <= resume_event.t
+    assert pause_event.detail == {"pid": sleeper.pid, "signal": "SIGSTOP"}
+
+
+def test_paused_holds_the_process_stopped_for_at_least_the_given_seconds(
+    sleeper: subprocess.Popen,
+) -> None:
+    start = time.monotonic()
+    with paused(sleeper.pid, 0.3) as event:
+        assert event.kind == "pause"
+        assert process_state(sleeper.pid) == "T"
+    assert time.monotonic() - start >= 0.3
+    assert process_state(sleeper.pid) in ("S", "R")
+
+
+def test_paused_resumes_the_process_when_the_block_raises(sleeper: subprocess.Popen) -> None:
+    with pytest.raises(RuntimeError, match="boom"), paused(sleeper.pid):
+        raise RuntimeError("boom")
+    assert process_state(sleeper.pid) in ("S", "R")
+
+
+def test_kill_sigkills_even_a_paused_process(sleeper: subprocess.Popen) -> None:
+    pause(sleeper.pid)
+    event = kill(sleeper.pid, target="victim", note={"why": "test"})
+    assert sleeper.wait(5) == -signal.SIGKILL
+    assert (event.kind, event.target) == ("kill", "victim")
+    assert event.detail == {"pid": sleeper.pid, "signal": "SIGKILL", "why": "test"}
+
+
+def test_faults_on_a_gone_process_say_so(sleeper: subprocess.Popen) -> None:
+    sleeper.kill()
+    sleeper.wait()
+    assert process_state(sleeper.pid) is None
+    for fault in (kill, pause, resume):
+        with pytest.raises(ProcessFaultError, match=f"pid {sleeper.pid}: no such process"):
+            fault(sleeper.pid)
+
+
+def test_fault_log_serialises_the_timeline() -> None:
+    faults = FaultLog()
+    faults.record("down", "controller->etcd", {"fault": 0})
+    faults.record("up", "controller->etcd", {"fault": 0})
+    text = faults.to_json()
+    assert '"kind": "down"' in text and '"target": "controller->etcd"' in text
+    assert len(faults) == 2

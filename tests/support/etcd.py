@@ -1,0 +1,162 @@
+"""A real etcd server for tests: free loopback ports, a temporary data dir, full lifecycle.
+
+`EtcdServer` can be killed, stopped, restarted on the same port and data dir, and paused
+(SIGSTOP) to simulate a hung server. Suites skip with a clear reason if etcd is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ETCD_BINARY = os.environ.get("REGENT_ETCD", "etcd")
+MISSING_REASON = (
+    f"etcd binary {ETCD_BINARY!r} not found on PATH; install it with scripts/install_etcd.sh "
+    "(or set REGENT_ETCD to its path)"
+)
+
+
+def etcd_available() -> bool:
+    return shutil.which(ETCD_BINARY) is not None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EtcdServer:
+    """One single-member etcd on 127.0.0.1; use as a context manager or call start()/stop()."""
+
+    def __init__(self, data_dir: str | Path | None = None, *, startup_timeout_s: float = 15.0):
+        if not etcd_available():
+            raise RuntimeError(MISSING_REASON)
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="regent-etcd-"))
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
+        self._log_file = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def url(self) -> str:
+        """Journal url of this server: etcd://127.0.0.1:PORT."""
+        return f"etcd://{self.address}"
+
+    def _command(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [
+            ETCD_BINARY,
+            "--name", "regent-test",
+            "--data-dir", str(self.data_dir / "data"),
+            "--listen-client-urls", client,
+            "--advertise-client-urls", client,
+            "--listen-peer-urls", peer,
+            "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"regent-test={peer}",
+            "--initial-cluster-state", "new",
+            "--log-level", "warn",
+            "--logger", "zap",
+        ]  # fmt: skip
+
+    def start(self) -> EtcdServer:
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap
+        self.proc = subprocess.Popen(
+            self._command(), stdout=self._log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        health = f"http://{self.address}/health"
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"etcd exited with {self.proc.returncode} while starting; see {self.log_path}"
+                )
+            try:
+                with urllib.request.urlopen(health, timeout=1) as resp:
+                    if b'"health":"true"' in resp.read():
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(
+            f"etcd on {self.address} not healthy after {self.startup_timeout_s}s; "
+            f"see {self.log_path}"
+        )
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+            self.proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (data dir kept)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self._reap()
+
+    def stop(self) -> None:
+        """Stop the server gracefully (data dir kept)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._reap()
+
+    def restart(self, *, down_s: float = 0.0) -> None:
+        """Stop, optionally stay down for `down_s`, and start again on the same port and data."""
+        self.stop()
+        if down_s:
+            time.sleep(down_s)
+        self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open but nothing answers."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        """Kill the server and remove its data dir if this object created it."""
+        self.kill()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.log_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> EtcdServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

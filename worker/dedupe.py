@@ -1,0 +1,101 @@
+"""Receiver-side dedupe of calls by call id (DESIGN invariant 2).
+
+A call id seen before is never run again: the cached result is returned, or the
+caller joins the execution in flight. Results are dropped once the controller's
+watermark says no replay can need them. Pure bookkeeping: no sockets, no threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.errors import DivergenceError
+
+# Results larger than this are kept until the checkpoint watermark, smaller ones
+# until the durable watermark (the journal holds small results, not large ones).
+LARGE_RESULT_BYTES = 64 * 1024
+
+
+@dataclass
+class _Entry:
+    digest: bytes
+    waiters: list = field(default_factory=list)  # reply-to targets while in flight
+    result: Any = None  # (meta, frames) once done
+    size: int = 0
+    done: bool = False
+
+
+class DedupeCache:
+    """Keyed by (seq, actor): one call id reaches each actor of a mesh once."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, str], _Entry] = {}
+        self.durable_seq = -1  # results at or below may go if small
+        self.checkpoint_seq = -1  # results at or below may go whatever their size
+        self.hits = 0
+
+    def admit(self, seq: int, actor: str, digest: bytes, reply_to: Any) -> tuple[str, Any]:
+        """Decide what to do with an incoming call.
+
+        Returns ("run", None) for a new call, ("cached", result) for a finished one,
+        ("joined", None) when the caller was added to the waiters of one in flight.
+        Raises DivergenceError for the same id with other arguments.
+        """
+        key = (seq, actor)
+        entry = self._entries.get(key)
+        if entry is None:
+            if seq <= max(self.durable_seq, self.checkpoint_seq):
+                raise DivergenceError(
+                    f"call seq {seq} to {actor} is at or below the released watermark "
+                    f"{max(self.durable_seq, self.checkpoint_seq)}: its result was already "
+                    "released, so it is not run again; answer it from the journal"
+                )
+            self._entries[key] = _Entry(digest, [reply_to])
+            return "run", None
+        if entry.digest != digest:
+            raise DivergenceError(
+                f"call seq {seq} to {actor} was first sent with argument digest "
+                f"{entry.digest.hex()} and now with {digest.hex()}: the controller program is "
+                "not deterministic (or two controllers disagree); it was not run again"
+            )
+        self.hits += 1
+        if entry.done:
+            return "cached", entry.result
+        entry.waiters.append(reply_to)
+        return "joined", None
+
+    def complete(self, seq: int, actor: str, result: Any, size: int) -> list:
+        """Store a finished call's result; returns the waiters to answer."""
+        entry = self._entries.get((seq, actor))
+        if entry is None:
+            return []
+        entry.result, entry.size, entry.done = result, size, True
+        waiters, entry.waiters = entry.waiters, []
+        if seq <= self.checkpoint_seq or (seq <= self.durable_seq and size < LARGE_RESULT_BYTES):
+            del self._entries[(seq, actor)]
+        return waiters
+
+    def forget_actor(self, actor: str) -> None:
+        for key in [k for k in self._entries if k[1] == actor]:
+            del self._entries[key]
+
+    def watermark(self, durable_seq: int, checkpoint_seq: int) -> int:
+        """Release results no replay can need; returns how many were dropped."""
+        self.durable_seq = max(self.durable_seq, durable_seq)
+        self.checkpoint_seq = max(self.checkpoint_seq, checkpoint_seq)
+        drop = [
+            k
+            for k, e in self._entries.items()
+            if e.done
+            and (
+                k[0] <= self.checkpoint_seq
+                or (k[0] <= self.durable_seq and e.size < LARGE_RESULT_BYTES)
+            )
+        ]
+        for k in drop:
+            del self._entries[k]
+        return len(drop)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,64 @@
+"""Errors that cross the wire between workers and the controller.
+
+They live in `worker` because the controller imports worker types, never the
+reverse. Each carries enough context for a person to act on it.
+"""
+
+from __future__ import annotations
+
+
+class RegentError(Exception):
+    """Base class of every error regent raises on purpose."""
+
+
+class ActorError(RegentError):
+    """An endpoint raised: carries the remote exception type, message and traceback.
+
+    The actor keeps serving; only this call failed.
+    """
+
+    def __init__(self, actor: str, endpoint: str, exc_type: str, message: str, traceback: str):
+        self.actor = actor
+        self.endpoint = endpoint
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = traceback
+        super().__init__(
+            f"{actor}.{endpoint} raised {exc_type}: {message}\n"
+            f"--- remote traceback ---\n{traceback}"
+        )
+
+    def __reduce__(self):
+        return (
+            ActorError,
+            (self.actor, self.endpoint, self.exc_type, self.message, self.remote_traceback),
+        )
+
+
+class SupervisionError(RegentError):
+    """The actor (or its process) failed, so the call cannot complete there."""
+
+    def __init__(self, message: str, *, actor: str = "", reason: str = ""):
+        self.actor = actor
+        self.reason = reason
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (_rebuild_supervision, (str(self), self.actor, self.reason))
+
+
+def _rebuild_supervision(message: str, actor: str, reason: str) -> SupervisionError:
+    return SupervisionError(message, actor=actor, reason=reason)
+
+
+class FencedError(RegentError):
+    """A worker refused a message from a deposed controller (epoch below the highest seen)."""
+
+
+class DivergenceError(RegentError):
+    """The same call id arrived with a different argument digest: the program is not
+    deterministic, or two controllers disagree. The call was not run again."""
+
+
+class ProtocolError(RegentError):
+    """A frame could not be parsed (garbage, truncated, oversized, wrong version)."""

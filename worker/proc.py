@@ -1,0 +1,368 @@
+"""A proc: one OS process hosting actors, started by a host agent.
+
+The proc's single thread runs an asyncio loop fed by its authenticated inbox. Each
+actor has a mailbox and handles one message at a time; sync endpoints run inline
+(no thread hand-off on the call path), async ones as tasks. Every call passes the
+epoch fence and the dedupe cache before it can run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import zmq
+
+from worker import _wire as wire
+from worker._wire import Kind
+from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
+from worker.classref import load_class
+from worker.dedupe import DedupeCache
+from worker.errors import DivergenceError, ProtocolError
+from worker.fencing import EpochFence
+from worker.security import load_credentials, stop_authenticator
+from worker.transport import Inbox, Outbox, valid_address
+
+log = structlog.get_logger("regent.proc")
+
+
+@dataclass
+class _Slot:
+    """One actor living in this proc, with its mailbox."""
+
+    name: str
+    instance: Any
+    endpoints: set[str]
+    ctx: ActorContext
+    mailbox: collections.deque = field(default_factory=collections.deque)
+    busy: bool = False
+    executions: int = 0
+
+
+class ProcRuntime:
+    def __init__(self, session: str, index: int, proc_id: str, host_inbox: str, bind_host: str):
+        self.session = session
+        self.index = index
+        self.proc_id = proc_id
+        self.ctx = zmq.Context()
+        self.creds = load_credentials()
+        self.inbox = Inbox(self.ctx, self.creds, bind_host)
+        self.outbox = Outbox(self.ctx, self.creds)
+        self.host_inbox = host_inbox
+        self.fence = EpochFence()
+        self.dedupe = DedupeCache()
+        self.actors: dict[str, _Slot] = {}
+        self.pending: dict[str, collections.deque] = {}
+        self.loop = asyncio.new_event_loop()
+        self.stopping = False
+        self.dropped = 0
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.add_reader(self.inbox.sock.getsockopt(zmq.FD), self._on_readable)
+        self.loop.add_signal_handler(signal.SIGTERM, self._begin_stop)
+        self.loop.add_signal_handler(signal.SIGINT, self._begin_stop)
+        ready = wire.encode(
+            Kind.PROC_READY,
+            {"sid": self.session, "id": self.proc_id, "pid": os.getpid(), "addr": self.inbox.address},
+        )
+        self.outbox.peer(self.host_inbox).send(ready)
+        self.loop.call_soon(self._on_readable)
+        log.debug("proc ready", proc=self.proc_id, addr=self.inbox.address)
+        try:
+            self.loop.run_forever()
+        finally:
+            self._cleanup_all()
+            self.inbox.close()
+            self.outbox.close()
+            stop_authenticator(self.ctx)
+            self.ctx.destroy(linger=0)
+
+    def _begin_stop(self) -> None:
+        self.stopping = True
+        self.loop.stop()
+
+    def _cleanup_all(self) -> None:
+        for slot in list(self.actors.values()):
+            self._cleanup(slot)
+
+    def _cleanup(self, slot: _Slot) -> None:
+        hook = getattr(slot.instance, "__cleanup__", None)
+        if hook is None:
+            return
+        token = _current.set(slot.ctx)
+        try:
+            hook()
+        except Exception:
+            log.exception("actor __cleanup__ raised", actor=slot.name)
+        finally:
+            _current.reset(token)
+
+    # --- receiving ---------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        sock = self.inbox.sock
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._handle(frames)
+
+    def _handle(self, frames: list) -> None:
+        try:
+            kind, meta, payload = wire.decode(frames)
+            self._dispatch(kind, meta, payload, frames[0])
+        except ProtocolError as e:
+            self.dropped += 1
+            peer = _peer_of(frames[0]) if frames else "?"
+            log.warning("dropped malformed message", peer=peer, proc=self.proc_id, error=str(e))
+        except Exception:
+            self.dropped += 1
+            log.exception("dropped message that failed to dispatch", proc=self.proc_id)
+
+    def _dispatch(self, kind: Kind, meta: dict, payload: list, head: Any) -> None:
+        if kind is Kind.PING:
+            rt = meta.get("rt")
+            if valid_address(rt):
+                self._reply(rt, Kind.PONG, {"id": self.proc_id, "pid": os.getpid(), "n": meta.get("n")})
+            return
+        if wire.require(meta, "sid", str) != self.session:
+            raise ProtocolError(f"message for session {meta['sid']!r}, this proc serves {self.session!r}")
+        epoch = wire.require(meta, "e", int)
+        rt = meta.get("rt")
+        if rt is not None and not valid_address(rt):
+            raise ProtocolError(f"bad reply address {rt!r}")
+        if not self.fence.admit(epoch):
+            if rt:
+                self._reply(rt, Kind.RESULT, {
+                    "sid": self.session, "s": meta.get("s", -1), "a": meta.get("a", ""),
+                    "pt": meta.get("pt", 0), "st": "fenced", "e": self.fence.epoch,
+                    "em": f"epoch {epoch} is below {self.fence.epoch}: this controller was deposed",
+                })
+            return
+        if kind is Kind.CALL:
+            self._on_call(meta, payload, rt)
+        elif kind is Kind.SPAWN:
+            self._on_spawn(meta, payload, rt)
+        elif kind is Kind.STOP:
+            self._on_stop(meta, rt)
+        elif kind is Kind.FENCE:
+            if rt:
+                self._reply(rt, Kind.PONG, {"id": self.proc_id, "e": self.fence.epoch, "n": meta.get("n")})
+        elif kind is Kind.WATERMARK:
+            self.dedupe.watermark(wire.require(meta, "dw", int), wire.require(meta, "cw", int))
+        else:
+            raise ProtocolError(f"a proc does not accept {kind.name}")
+
+    # --- calls -------------------------------------------------------------------
+
+    def _admit(self, meta: dict, rt: str | None) -> tuple[str, int, int] | None:
+        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point) to run."""
+        seq = wire.require(meta, "s", int)
+        actor = wire.require(meta, "a", str)
+        point = wire.require(meta, "pt", int)
+        digest = wire.require(meta, "d", bytes)
+        try:
+            verdict, cached = self.dedupe.admit(seq, actor, digest, rt)
+        except DivergenceError as e:
+            if rt:
+                self._reply(rt, Kind.RESULT, self._result_meta(seq, actor, point, "divergence", em=str(e)))
+            return None
+        if verdict == "cached":
+            if rt:
+                self._send(rt, wire.encode(Kind.RESULT, cached[0], cached[1]))
+            return None
+        if verdict == "joined":
+            return None
+        return actor, seq, point
+
+    def _on_call(self, meta: dict, payload: list, rt: str | None) -> None:
+        admitted = self._admit(meta, rt)
+        if admitted is None:
+            return
+        actor, seq, point = admitted
+        method = wire.require(meta, "m", str)
+        slot = self.actors.get(actor)
+        if slot is None:
+            self._finish(seq, actor, point, "noactor", em=f"no actor {actor!r} on proc {self.proc_id}")
+            return
+        if method not in slot.endpoints:
+            self._finish(seq, actor, point, "err", et="AttributeError",
+                         em=f"{type(slot.instance).__name__} has no endpoint {method!r}", tb="")
+            return
+        slot.mailbox.append((seq, point, method, payload))
+        if not slot.busy:
+            self._drain(slot)
+
+    def _drain(self, slot: _Slot) -> None:
+        """Run queued messages one at a time; an async endpoint parks the mailbox until done."""
+        slot.busy = True
+        while slot.mailbox:
+            seq, point, method, payload = slot.mailbox.popleft()
+            fn = getattr(slot.instance, method)
+            if is_async_endpoint(fn):
+                self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload))
+                return
+            token = _current.set(slot.ctx)
+            try:
+                args, kwargs = wire.loads(payload)
+                slot.executions += 1
+                value = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - everything raised by user code goes back
+                if isinstance(e, SystemExit | KeyboardInterrupt):
+                    raise
+                self._finish_error(seq, slot.name, point, e)
+            else:
+                self._finish_value(seq, slot.name, point, value)
+            finally:
+                _current.reset(token)
+        slot.busy = False
+
+    async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list) -> None:
+        token = _current.set(slot.ctx)
+        try:
+            args, kwargs = wire.loads(payload)
+            slot.executions += 1
+            value = await fn(*args, **kwargs)
+        except Exception as e:
+            self._finish_error(seq, slot.name, point, e)
+        else:
+            self._finish_value(seq, slot.name, point, value)
+        finally:
+            _current.reset(token)
+        self._drain(slot)
+
+    def _finish_value(self, seq: int, actor: str, point: int, value: Any) -> None:
+        try:
+            frames = wire.dumps(value)
+        except Exception as e:
+            self._finish_error(seq, actor, point, e)
+            return
+        self._finish(seq, actor, point, "ok", frames=frames)
+
+    def _finish_error(self, seq: int, actor: str, point: int, e: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        self._finish(seq, actor, point, "err", et=type(e).__qualname__, em=str(e)[:4000], tb=tb[-16000:])
+
+    def _result_meta(self, seq: int, actor: str, point: int, status: str, **extra: Any) -> dict:
+        meta = {"sid": self.session, "s": seq, "a": actor, "pt": point, "st": status}
+        meta.update(extra)
+        return meta
+
+    def _finish(self, seq: int, actor: str, point: int, status: str, frames: list | None = None, **extra: Any) -> None:
+        meta = self._result_meta(seq, actor, point, status, **extra)
+        frames = frames or []
+        waiters = self.dedupe.complete(seq, actor, (meta, frames), wire.payload_size(frames))
+        if waiters:
+            msg = wire.encode(Kind.RESULT, meta, frames)
+            for rt in waiters:
+                if rt:
+                    self._send(rt, msg)
+
+    # --- spawn / stop ------------------------------------------------------------
+
+    def _on_spawn(self, meta: dict, payload: list, rt: str | None) -> None:
+        admitted = self._admit(meta, rt)
+        if admitted is None:
+            return
+        actor, seq, point = admitted
+        coords = meta.get("co") or {}
+        ctx = ActorContext(mesh=actor, rank=point, point=dict(coords), proc_index=self.index,
+                           incarnation=int(meta.get("inc", 0)))
+        token = _current.set(ctx)
+        try:
+            ref, args, kwargs = wire.loads(payload)
+            cls = load_class(ref)
+            instance = cls(*args, **kwargs)
+        except Exception as e:
+            self._finish_error(seq, actor, point, e)
+            return
+        finally:
+            _current.reset(token)
+        if actor in self.actors:
+            self._cleanup(self.actors.pop(actor))
+        self.actors[actor] = _Slot(actor, instance, endpoint_names(cls), ctx)
+        self._finish(seq, actor, point, "ok", pid=os.getpid())
+
+    def _on_stop(self, meta: dict, rt: str | None) -> None:
+        admitted = self._admit(meta, rt)
+        if admitted is None:
+            return
+        actor, seq, point = admitted
+        slot = self.actors.pop(actor, None)
+        if slot is not None:
+            self._cleanup(slot)
+        self._finish(seq, actor, point, "ok")
+
+    # --- sending -----------------------------------------------------------------
+
+    def _reply(self, rt: str, kind: Kind, meta: dict, frames: list | None = None) -> None:
+        self._send(rt, wire.encode(kind, meta, frames or []))
+
+    def _send(self, rt: str, msg: list) -> None:
+        """Send without blocking the loop; a full peer gets a backlog retried shortly."""
+        backlog = self.pending.get(rt)
+        if backlog:
+            backlog.append((time.monotonic(), msg))
+            return
+        if not self.outbox.peer(rt).try_send(msg):
+            self.pending[rt] = collections.deque([(time.monotonic(), msg)])
+            self.loop.call_later(0.001, self._flush, rt)
+
+    def _flush(self, rt: str) -> None:
+        backlog = self.pending.get(rt)
+        if not backlog:
+            self.pending.pop(rt, None)
+            return
+        peer = self.outbox.peer(rt)
+        while backlog and peer.try_send(backlog[0][1]):
+            backlog.popleft()
+        if not backlog:
+            del self.pending[rt]
+            return
+        if time.monotonic() - backlog[0][0] > 30.0:
+            # The controller stopped reading for 30 s: it is gone. A successor will
+            # re-request by call id and get the results from the dedupe cache.
+            log.warning("dropping replies to an unresponsive controller", peer=rt, count=len(backlog))
+            del self.pending[rt]
+            self.outbox.drop(rt)
+            return
+        self.loop.call_later(0.002, self._flush, rt)
+
+
+def _peer_of(frame: Any) -> str:
+    try:
+        return frame.get("Peer-Address")
+    except Exception:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="regent-proc", description="A regent proc (started by a host agent).")
+    p.add_argument("--session", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--id", required=True)
+    p.add_argument("--host-inbox", required=True)
+    p.add_argument("--bind-host", default="127.0.0.1")
+    a = p.parse_args(argv)
+    from worker._logging import configure_logging
+
+    configure_logging()
+    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host).run()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
