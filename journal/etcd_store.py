@@ -110,7 +110,7 @@ class EtcdStore:
         *,
         op_timeout_s: float = 5.0,
         retry_s: float = 10.0,
-        connect_timeout_s: float = 3.0,
+        connect_timeout_s: float = 2.0,
     ) -> None:
         if not addresses:
             raise ValueError("an etcd journal url needs at least one host:port")
@@ -139,7 +139,7 @@ class EtcdStore:
 
     def _check_reachable(self, connect_timeout_s: float) -> None:
         try:
-            self._retry(self._client.status, what="status", within_s=connect_timeout_s)
+            self._retry(self._client.status, what="status", within_s=connect_timeout_s, quiet=True)
         except JournalUnavailable as exc:
             cause = exc.__cause__
             first = self.addresses[0]
@@ -155,12 +155,14 @@ class EtcdStore:
                 f"etcd at {self.address_text} {problem} {start_hint(address)})"
             ) from cause
 
-    def _retry(self, fn: Callable[[], T], *, what: str, within_s: float | None = None) -> T:
+    def _retry(
+        self, fn: Callable[[], T], *, what: str, within_s: float | None = None, quiet: bool = False
+    ) -> T:
         limit = self._retry_s if within_s is None else within_s
 
         def note(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            log.warning(
+            (log.debug if quiet else log.warning)(
                 "etcd request failed, retrying",
                 request=what,
                 etcd=self.address_text,

@@ -78,7 +78,7 @@ class EtcdServer:
     def start(self) -> EtcdServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
-        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap
+        self._log_file = open(self.log_path, "ab")  # closed in _reap
         self.proc = subprocess.Popen(
             self._command(), stdout=self._log_file, stderr=subprocess.STDOUT,
             start_new_session=True,
