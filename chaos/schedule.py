@@ -170,11 +170,15 @@ class Schedule:
         """Raise ScheduleError for the first fault whose target is not a known link/process."""
         known_links, known_procs = set(links), set(processes)
         for i, fault in enumerate(self.faults):
-            pool, what = (known_links, "link") if fault.on_link else (known_procs, "process")
+            pool, what, whats = (
+                (known_links, "link", "links")
+                if fault.on_link
+                else (known_procs, "process", "processes")
+            )
             if fault.target not in pool:
                 raise ScheduleError(
                     f"faults[{i}] ({fault.kind}): no {what} named {fault.target!r}; "
-                    f"known {what}s: {', '.join(sorted(pool)) or 'none'}"
+                    f"known {whats}: {', '.join(sorted(pool)) or 'none'}"
                 )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from chaos_sockets import EchoServer, connect, round_trip
 
@@ -9,7 +11,7 @@ from chaos import ChaosNet, ToxiproxyServer, UnknownLinkError
 
 
 @pytest.fixture
-def net(toxiproxy: ToxiproxyServer) -> ChaosNet:
+def net(toxiproxy: ToxiproxyServer) -> Iterator[ChaosNet]:
     with ChaosNet(toxiproxy) as net:
         yield net
 
@@ -60,7 +62,9 @@ def test_clear_removes_every_toxic_and_heals_every_link(
 
 def test_unknown_and_duplicate_links_are_explained(net: ChaosNet, echo_server: EchoServer) -> None:
     net.link("controller->etcd", echo_server.address)
-    with pytest.raises(UnknownLinkError, match=r"no link named 'host->etcd' \(links: controller->etcd\)"):
+    with pytest.raises(
+        UnknownLinkError, match=r"no link named 'host->etcd' \(links: controller->etcd\)"
+    ):
         net["host->etcd"]
     with pytest.raises(ValueError, match="link 'controller->etcd' already exists"):
         net.link("controller->etcd", echo_server.address)
