@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,7 +301,7 @@ class ToxiproxyServer:
 
     ``with ToxiproxyServer() as server: proxy = server.create_proxy(...)``. The process
     is stopped by ``stop()``, on leaving the ``with`` block, at interpreter exit, and
-    (Linux) by the kernel if the thread that started it dies.
+    (Linux, when started from the main thread) by the kernel if this process dies.
     """
 
     def __init__(
@@ -378,7 +379,7 @@ class ToxiproxyServer:
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_pdeathsig_setter(),
         )
         self._client = ToxiproxyClient(f"http://{self.host}:{port}")
         try:
@@ -471,17 +472,23 @@ class _ServerExited(Exception):
         self.code = code
 
 
-def _die_with_parent() -> None:
-    # Ask the kernel to SIGKILL the server if its parent goes away without cleanup
-    # (e.g. the test runner itself is SIGKILLed). Linux only; harmless elsewhere.
+def _pdeathsig_setter() -> Callable[[], None] | None:
+    # Ask the kernel to SIGKILL the server if the thread that started it goes away
+    # without cleanup (e.g. the test runner is SIGKILLed). The kernel ties this to
+    # the parent *thread*, so it is used only from the main thread. libc is looked up
+    # here, not in the forked child, where importing could deadlock.
+    if threading.current_thread() is not threading.main_thread():
+        return None
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+
+    return set_pdeathsig
 
 
 def _free_port(host: str) -> int:
