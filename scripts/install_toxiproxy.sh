@@ -42,6 +42,12 @@ if [[ -z "$GO" ]]; then
     fi
 fi
 
+if ! GO_PATH="$(command -v "$GO" 2>/dev/null)" || [[ ! -x "$GO_PATH" ]]; then
+    echo "error: the Go toolchain $GO is not an executable; set GO=/path/to/go and rerun $0." >&2
+    exit 1
+fi
+GO="$GO_PATH"
+
 mkdir -p "$BIN_DIR"
 export GOPATH="$TOOLS/gopath"
 export GOMODCACHE="$TOOLS/gopath/pkg/mod"
