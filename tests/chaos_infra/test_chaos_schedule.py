@@ -325,3 +325,12 @@ def test_runner_rejects_targets_it_does_not_know(net: ChaosNet) -> None:
     schedule = Schedule((Fault("pause", "controller", at_s=0.0),))
     with pytest.raises(ScheduleError, match="no process named 'controller'; known processes: none"):
         ScheduleRunner(schedule, net)
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "chaos" / "scenarios").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_scenarios_are_valid(path: Path) -> None:
+    schedule = load_schedule(path)
+    assert schedule.name and schedule.faults
