@@ -151,7 +151,8 @@ def validate_toxic(
                     f"toxic {kind!r} needs attribute {attr.name!r} ({attr.unit}); "
                     f"e.g. {kind}({attr.name}={max(attr.minimum, 1) * 100})"
                 )
-            resolved[attr.name] = attr.default  # type: ignore[assignment]
+            assert attr.default is not None
+            resolved[attr.name] = attr.default
             continue
         value = given[attr.name]
         if isinstance(value, bool) or not isinstance(value, int):

@@ -371,7 +371,7 @@ class ToxiproxyServer:
             return self
 
     def _spawn(self, port: int) -> None:
-        self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in _terminate
+        self._log_file = tempfile.NamedTemporaryFile(  # closed in _terminate()
             prefix="toxiproxy-", suffix=".log", delete=False
         )
         self._proc = subprocess.Popen(

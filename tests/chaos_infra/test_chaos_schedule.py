@@ -224,11 +224,13 @@ def test_runner_applies_each_fault_for_its_duration_then_undoes_it(
     net: ChaosNet, sleepers: dict[str, subprocess.Popen]
 ) -> None:
     link = "client->echo"
-    schedule = Schedule((
-        Fault("latency", link, at_s=0.0, duration_s=0.6, attributes={"latency": 50}),
-        Fault("pause", "controller", at_s=0.0, duration_s=0.4),
-        Fault("down", link, at_s=0.1, duration_s=0.3),
-    ))  # fmt: skip
+    schedule = Schedule(
+        (
+            Fault("latency", link, at_s=0.0, duration_s=0.6, attributes={"latency": 50}),
+            Fault("pause", "controller", at_s=0.0, duration_s=0.4),
+            Fault("down", link, at_s=0.1, duration_s=0.3),
+        )
+    )
     processes = {name: proc.pid for name, proc in sleepers.items()}
     address = net.address(link)
     with ScheduleRunner(schedule, net, processes) as runner:
@@ -274,11 +276,13 @@ def test_stop_undoes_faults_that_have_no_duration(
     net: ChaosNet, sleepers: dict[str, subprocess.Popen]
 ) -> None:
     pid = sleepers["controller"].pid
-    schedule = Schedule((
-        Fault("down", "client->echo", at_s=0.0),
-        Fault("timeout", "client->echo", at_s=0.0, attributes={"timeout": 0}),
-        Fault("pause", "controller", at_s=0.0),
-    ))  # fmt: skip
+    schedule = Schedule(
+        (
+            Fault("down", "client->echo", at_s=0.0),
+            Fault("timeout", "client->echo", at_s=0.0, attributes={"timeout": 0}),
+            Fault("pause", "controller", at_s=0.0),
+        )
+    )
     runner = ScheduleRunner(schedule, net, {"controller": pid}).start()
     assert runner.wait(5)  # everything fired; nothing timed is left
     assert process_state(pid) == "T" and not net["client->echo"].refresh().enabled
@@ -289,10 +293,12 @@ def test_stop_undoes_faults_that_have_no_duration(
 
 def test_overlapping_partitions_keep_the_link_down_until_the_last_ends(net: ChaosNet) -> None:
     link = "client->echo"
-    schedule = Schedule((
-        Fault("down", link, at_s=0.0, duration_s=0.2),
-        Fault("down", link, at_s=0.1, duration_s=0.4),
-    ))  # fmt: skip
+    schedule = Schedule(
+        (
+            Fault("down", link, at_s=0.0, duration_s=0.2),
+            Fault("down", link, at_s=0.1, duration_s=0.4),
+        )
+    )
     with ScheduleRunner(schedule, net) as runner:
         assert runner.wait(5)
     downs = [(e.kind, e.detail["fault"]) for e in runner.events()]
@@ -305,10 +311,12 @@ def test_a_fault_that_fails_is_recorded_and_the_run_goes_on(
     gone = sleepers["standby"]
     gone.kill()
     gone.wait()
-    schedule = Schedule((
-        Fault("kill", "standby", at_s=0.0),
-        Fault("latency", "client->echo", at_s=0.05, duration_s=0.05, attributes={"latency": 1}),
-    ))  # fmt: skip
+    schedule = Schedule(
+        (
+            Fault("kill", "standby", at_s=0.0),
+            Fault("latency", "client->echo", at_s=0.05, duration_s=0.05, attributes={"latency": 1}),
+        )
+    )
     with ScheduleRunner(schedule, net, {"standby": gone.pid}) as runner:
         assert runner.wait(5)
     assert len(runner.errors) == 1 and "no such process" in runner.errors[0]
