@@ -27,7 +27,7 @@ from worker import _wire as wire
 from worker._wire import Kind
 from worker.errors import ProtocolError
 from worker.fencing import EpochFence
-from worker.security import load_credentials, stop_authenticator, regent_home
+from worker.security import load_credentials, regent_home, stop_authenticator
 from worker.transport import Inbox, Outbox, valid_address
 
 log = structlog.get_logger("regent.host")

@@ -1,0 +1,61 @@
+"""A bare wire-level peer for tests: sends hand-made messages to a proc or host agent
+and reads what comes back, the way a second (or deposed) controller would."""
+
+from __future__ import annotations
+
+import zmq
+
+from worker import _wire as wire
+from worker._wire import Kind
+from worker.security import Credentials, load_credentials, secure_client, secure_server
+
+
+class RawPeer:
+    def __init__(self, creds: Credentials | None = None):
+        self.ctx = zmq.Context()
+        self.creds = creds or load_credentials()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        secure_server(self.inbox, self.creds, "127.0.0.1")
+        port = self.inbox.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self._out: dict[str, zmq.Socket] = {}
+
+    def out(self, address: str, secure: bool = True) -> zmq.Socket:
+        sock = self._out.get(address)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.linger = 0
+            if secure:
+                secure_client(sock, self.creds)
+            sock.connect(address)
+            self._out[address] = sock
+        return sock
+
+    def send(self, address: str, frames: list) -> None:
+        self.out(address).send_multipart(frames)
+
+    def call(self, address: str, sid: str, epoch: int, seq: int, actor: str, method: str,
+             args: tuple = (), kwargs: dict | None = None, point: int = 0) -> None:
+        frames = wire.dumps((args, kwargs or {}))
+        meta = {"sid": sid, "e": epoch, "s": seq, "a": actor, "m": method,
+                "d": wire.digest(frames), "rt": self.address, "pt": point}
+        self.send(address, wire.encode(Kind.CALL, meta, frames))
+
+    def recv(self, timeout: float = 5.0) -> tuple[Kind, dict, object]:
+        """The next message: (kind, meta, decoded payload or None)."""
+        if not self.inbox.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no message within {timeout} s")
+        kind, meta, payload = wire.decode(self.inbox.recv_multipart(copy=False))
+        value = wire.loads(payload) if payload else None
+        return kind, meta, value
+
+    def ask_host(self, host: str, sid: str, epoch: int, op: str, **fields) -> dict:
+        meta = {"sid": sid, "e": epoch, "op": op, "n": 7, "rt": self.address, **fields}
+        self.send(host, wire.encode(Kind.HOST_REQ, meta))
+        while True:
+            kind, reply, _ = self.recv()
+            if kind is Kind.HOST_REP and reply.get("n") == 7:
+                return reply
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
