@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The full test suite, installing what it needs first (Python deps, etcd, Toxiproxy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+scripts/install_etcd.sh
+scripts/install_toxiproxy.sh
+export PATH="$PWD/.tools/bin:$PATH"
+.venv/bin/ruff check controller worker hipcore journal chaos tests bench examples
+exec .venv/bin/python -m pytest -q "$@"
