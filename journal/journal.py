@@ -153,7 +153,10 @@ class Journal:
         raw_ckpt = backend.get_checkpoint(session)
         ckpt_lsn = None
         if raw_ckpt is not None:
-            ckpt_lsn = int(codec.decode_checkpoint(raw_ckpt, session)["lsn"])
+            try:
+                ckpt_lsn = int(codec.decode_checkpoint(raw_ckpt, session)["lsn"])
+            except CorruptRecord:
+                ckpt_lsn = None
         if first is None or last is None:
             return SessionInfo(
                 session,
@@ -166,20 +169,33 @@ class Journal:
                 False,
                 ckpt_lsn,
             )
-        tail = codec.decode_batch(last[1], session, last[0])[-1]
-        records = tail.lsn + 1 - first[0]
+        problem = None
+        last_write = None
+        ended = False
+        try:
+            tail = codec.decode_batch(last[1], session, last[0])[-1]
+            last_lsn, last_write, ended = tail.lsn, tail.ts, tail.kind == "session_end"
+        except CorruptRecord as exc:
+            # One damaged session must not hide the others from a listing.
+            problem = str(exc)
+            try:
+                last_lsn = last[0] + codec.batch_count(last[1], session, last[0]) - 1
+            except CorruptRecord:
+                last_lsn = last[0]
+        records = last_lsn + 1 - first[0]
         for lo, hi in self._compacted(session):
-            records -= max(0, min(hi, tail.lsn + 1) - max(lo, first[0]))
+            records -= max(0, min(hi, last_lsn + 1) - max(lo, first[0]))
         return SessionInfo(
             name=session,
             records=records,
             first_lsn=first[0],
-            last_lsn=tail.lsn,
+            last_lsn=last_lsn,
             leader=leader[0] if leader else None,
             epoch=leader[1] if leader else None,
-            last_write=tail.ts,
-            ended=tail.kind == "session_end",
+            last_write=last_write,
+            ended=ended,
             checkpoint_lsn=ckpt_lsn,
+            problem=problem,
         )
 
     def verify(self, session: str) -> VerifyReport:

@@ -32,6 +32,8 @@ class SessionInfo:
     last_write: float | None
     ended: bool
     checkpoint_lsn: int | None = None
+    # Set when the tail of the log could not be decoded; run verify for details.
+    problem: str | None = None
 
 
 @dataclass(slots=True)

@@ -1,0 +1,98 @@
+"""GroupCommitWriter: lsn order is submit order, durability is waited for, failures reach everyone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from journal import GroupCommitWriter, Journal, JournalError, LeadershipLost, RecordTooLarge
+
+
+def test_lsns_follow_submit_order_and_everything_flushed_is_readable(
+    journal: Journal, session: str
+):
+    lead = journal.campaign(session, "a")
+    lead.append([("spawn", {})])
+    with GroupCommitWriter(lead, max_batch=64) as writer:
+        lsns = [writer.submit("call", {"i": i}) for i in range(3000)]
+        assert lsns == list(range(1, 3001))
+        assert writer.flush() == 3000
+        assert writer.durable_lsn == 3000
+    records = list(journal.read(session))
+    assert [r.lsn for r in records] == list(range(3001))
+    assert [r.data["i"] for r in records[1:]] == list(range(3000))
+    assert lead.next_lsn == 3001
+    lead.close()
+
+
+def test_wait_durable_returns_once_the_record_can_be_read_back(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    # A long linger proves wait_durable cuts it short instead of waiting it out.
+    with GroupCommitWriter(lead, max_delay_s=30.0) as writer:
+        writer.submit("call", {"i": 0})
+        lsn = writer.submit("observation", {"now": 1.5})
+        writer.wait_durable(lsn, timeout=5)
+        assert writer.durable_lsn >= lsn
+        assert [r.kind for r in journal.read(session)] == ["call", "observation"]
+        with pytest.raises(ValueError, match="never submitted"):
+            writer.wait_durable(lsn + 10)
+    lead.close()
+
+
+def test_records_from_many_threads_get_unique_contiguous_lsns(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    got: dict[int, tuple[int, int]] = {}
+    with GroupCommitWriter(lead) as writer:
+
+        def produce(t: int) -> None:
+            for i in range(500):
+                got[writer.submit("call", {"t": t, "i": i})] = (t, i)
+
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        writer.flush()
+    records = list(journal.read(session))
+    assert [r.lsn for r in records] == list(range(2000))
+    assert all((r.data["t"], r.data["i"]) == got[r.lsn] for r in records)
+    lead.close()
+
+
+def test_a_fenced_append_fails_waiters_and_later_submits(journal: Journal, session: str):
+    old = journal.campaign(session, "old", ttl_s=1.0)
+    writer = GroupCommitWriter(old)
+    writer.submit("call", {"i": 0})
+    writer.flush()
+    old.pause_keepalive()
+    new = journal.campaign(session, "new", ttl_s=1.0, timeout=10)
+
+    lsn = writer.submit("call", {"i": 1})
+    with pytest.raises(LeadershipLost):
+        writer.wait_durable(lsn, timeout=10)
+    with pytest.raises(LeadershipLost):
+        writer.submit("call", {"i": 2})
+    with pytest.raises(LeadershipLost):
+        writer.flush()
+    writer.close()
+    assert old.lost.is_set()
+    assert [r.data["i"] for r in journal.read(session)] == [0]
+    old.close()
+    new.close()
+
+
+def test_an_oversized_record_is_refused_at_submit_without_using_an_lsn(
+    journal: Journal, session: str
+):
+    lead = journal.campaign(session, "a")
+    with GroupCommitWriter(lead) as writer:
+        with pytest.raises(RecordTooLarge):
+            writer.submit("result", {"value": b"x" * (2 << 20)})
+        assert writer.submit("result", {"value": b"ok"}) == 0
+        writer.flush()
+        with pytest.raises(JournalError, match="closed"):
+            writer.close()
+            writer.submit("call", {})
+    lead.close()
