@@ -5,12 +5,14 @@
 
 from controller.futures import Future, Point, ValueMesh
 from controller.mesh import ActorMesh, Endpoint, HostMesh, ProcMesh
+from controller.replay import NonDeterminismError
 from controller.session import Session
+from journal import LeadershipLost
 from worker.actor import Actor, context, current_rank, endpoint
 from worker.errors import ActorError, DivergenceError, FencedError, RegentError, SupervisionError
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
-    "HostMesh", "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
+    "HostMesh", "LeadershipLost", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
     "context", "current_rank", "endpoint",
 ]

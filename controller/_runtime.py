@@ -64,6 +64,7 @@ class Runtime:
         self._sent_watermark = (-1, -1)
         self.checkpoint_seq = -1
         self.durable_through: Callable[[], int] | None = None
+        self.record_result: Callable[[PendingCall, int, Outcome], None] | None = None
         self.fenced: str | None = None
         self._io = threading.Thread(target=self._io_loop, name=f"regent-io-{session}", daemon=True)
         self._io.start()
@@ -159,10 +160,17 @@ class Runtime:
             return
         if status == "fenced":
             self.fenced = meta.get("em") or "a worker saw a newer controller epoch"
+        outcome = Outcome(status, meta, payload)
         with self.lock:
-            call = self.core.on_result(seq, point, Outcome(status, meta, payload))
+            call = self.core.on_result(seq, point, outcome)
         if call is not None:
-            call.sink.deliver(call, point)
+            self._deliver(call, point, outcome)
+
+    def _deliver(self, call: PendingCall, point: int, outcome: Outcome) -> None:
+        """Journal first (the session decides how durably), then let the program see it."""
+        if self.record_result is not None:
+            self.record_result(call, point, outcome)
+        call.sink.deliver(call, point)
 
     def mark_dead(self, proc: ProcRef, reason: str) -> None:
         if not proc.alive:
@@ -172,7 +180,7 @@ class Runtime:
         with self.lock:
             hit = self.core.on_proc_died(proc.id, reason)
         for call, point in hit:
-            call.sink.deliver(call, point)
+            self._deliver(call, point, call.results[point])
         for cb in self._on_proc_death:
             cb(proc)
 
@@ -181,7 +189,37 @@ class Runtime:
         with self.lock:
             done = self.core.on_result(call.seq, point, outcome)
         if done is not None:
-            call.sink.deliver(call, point)
+            self._deliver(call, point, outcome)
+
+    def fail_all(self, reason: str) -> None:
+        """Leadership is gone: every outstanding call fails, nothing more is sent."""
+        self.fenced = reason
+        with self.lock:
+            pending = [(c, p) for c in self.core.calls.values() for p in c.targets if p not in c.results]
+        for call, point in pending:
+            with self.lock:
+                done = self.core.on_result(call.seq, point, Outcome("fenced", {"em": reason}, []))
+            if done is not None:
+                call.sink.deliver(call, point)
+
+    def fence_procs(self, procs: list[ProcRef], timeout: float = 5.0) -> None:
+        """Raise every proc's epoch to ours and wait for each live one to confirm."""
+        waits = []
+        for proc in procs:
+            n = next(self._req_ids)
+            fut: Future = Future()
+            self._requests[n] = fut
+            meta = {"sid": self.session, "e": self.epoch, "rt": self.inbox.address, "n": n}
+            try:
+                self.outbox.peer(proc.address).send(wire.encode(Kind.FENCE, meta))
+                waits.append((proc, n, fut))
+            except PeerGone:
+                self._requests.pop(n, None)
+        deadline = time.monotonic() + timeout
+        for proc, n, fut in waits:
+            if not fut.wait(max(0.0, deadline - time.monotonic())):
+                log.warning("proc did not confirm the new epoch", proc=proc.id)
+            self._requests.pop(n, None)
 
     def _tick(self, now: float) -> None:
         with self.lock:

@@ -178,9 +178,8 @@ class Endpoint:
 
     def choose(self, *args: Any, **kwargs: Any) -> Future:
         """Call one actor of the mesh, picked by the session (least busy); the pick is journaled."""
-        rank = self._mesh._session._choose(self._mesh)
         sink = GatherSink(self._mesh._view, single=True)
-        self._mesh._session._call(self._mesh, self._method, args, kwargs, "choose", (rank,), sink)
+        self._mesh._session._call(self._mesh, self._method, args, kwargs, "choose", None, sink)
         return sink.future
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[tuple[Point, Any]]:
@@ -207,6 +206,7 @@ class GatherSink:
         self.single = single
         self.future: Future = Future()
         self.decode = None  # set by the session: Outcome -> value or raise
+        self.call: Any = None
 
     def deliver(self, call: Any, point: int) -> None:
         if not call.complete:
@@ -245,6 +245,7 @@ class BroadcastSink:
         self.actor = actor
         self.method = method
         self.decode = None
+        self.call: Any = None
 
     def deliver(self, call: Any, point: int) -> None:
         outcome = call.results[point]

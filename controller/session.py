@@ -1,94 +1,339 @@
-"""Session: the user's handle on a regent job.
+"""Session: the user's handle on a regent job, journaled and able to take over.
 
-It numbers every side effect of the program (spawns, calls, stops), sends them to
-workers through the runtime, and decodes what comes back. The journal and the
-standby takeover build on the same call path.
+Every side effect of the program gets a seq (invariant 1) and a journal record.
+The first process to open a session name leads it; another one running the same
+program waits inside `Session(...)` as a standby. On takeover it fences the
+workers with its new epoch, then re-runs the program from the top: each call is
+checked against its record (invariant 6) and answered from the journal, or
+re-sent under the same call id so workers dedupe it (invariants 2 and 3).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
+import pickle
 import random as _random
 import secrets
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
+import msgpack
 import structlog
 
 from controller._runtime import ProcRef, Runtime
 from controller.core import ControllerCore, Outcome, PendingCall
-from controller.futures import Point, point_of
+from controller.futures import Future, Point, point_of
 from controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink, View
+from controller.replay import (
+    CALL,
+    END,
+    OBS,
+    PROCS,
+    RESULT,
+    START,
+    JournaledCall,
+    NonDeterminismError,
+    ReplayIndex,
+)
+from journal import GroupCommitWriter, LeadershipLost, open_journal
 from worker import _wire as wire
 from worker._wire import Kind
 from worker.classref import class_ref
+from worker.dedupe import LARGE_RESULT_BYTES
 from worker.errors import ActorError, DivergenceError, FencedError, SupervisionError
 from worker.host import ensure_local_host
+from worker.logsetup import configure_logging
 from worker.transport import PeerGone
 
 log = structlog.get_logger("regent.session")
 
+DEFAULT_LEASE_TTL_S = 2.0
+
 
 class Session:
-    """A regent session: `with Session("name") as s: ...`."""
+    """A regent session: `with Session("name") as s: ...`.
 
-    def __init__(self, name: str, journal: str | None = None):
+    journal: "etcd://host:port[,host:port]", "sqlite:///path.db", or None for the
+    embedded SQLite store in $REGENT_HOME. lease_ttl_s: how long a dead primary
+    holds leadership before a standby takes over.
+    """
+
+    def __init__(self, name: str, journal: str | None = None, *, lease_ttl_s: float | None = None,
+                 campaign_timeout: float | None = None):
         if not name or "/" in name or len(name) > 128:
             raise ValueError(f"session name {name!r} must be 1..128 characters without '/'")
+        configure_logging(only_if_unconfigured=True)
         self.name = name
-        self.journal_url = journal
-        self.run_id = secrets.token_hex(4)
+        ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))
+        self.journal = open_journal(journal)
+        self.journal_url = self.journal.url
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.waited = False
+        self.lead = self.journal.campaign(name, self.holder, ttl_s=ttl, timeout=campaign_timeout,
+                                          on_waiting=self._on_waiting)
+        self.takeover_at = time.monotonic()
+        self.epoch = self.lead.epoch
+        previous = ReplayIndex(self.journal.read(name))
+        if previous.run is not None and not previous.ended:
+            self._replay: ReplayIndex | None = previous
+            self.run_id = previous.run
+        else:
+            self._replay = None
+            self.run_id = secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
-        self.epoch = 1
-        self.replaying = False
+        self.writer = GroupCommitWriter(self.lead)
+        if self._replay is None:
+            self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
+        self.replaying = self._replay is not None and self._replay.max_seq >= 0
         self.core = ControllerCore(self.sid)
         self.runtime = Runtime(self.sid, self.epoch, self.core)
+        self.runtime.record_result = self._record_result
+        self.runtime.durable_through = self._durable_through
+        self._marks: collections.deque = collections.deque()
+        self._safe_through = -1
         self._hosts: list[str] = []
         self._actor_names: set[str] = set()
         self._choose_rr = itertools.count()
+        self._timeouts: dict[int, int] = {}
+        self._resumed = False
         self._closed = False
+        self._lost: str | None = None
+        self.stats = {"replayed": 0, "resent": 0, "live": 0}
         self._log = structlog.get_logger("regent.program").bind(session=name)
+        self.lead.on_lost(self._on_leadership_lost)
+        if self._replay is not None:
+            self._fence_known_workers()
+
+    def _on_waiting(self) -> None:
+        self.waited = True
+        log.info("standing by: another controller leads this session", session=self.name)
+
+    @property
+    def role(self) -> str:
+        return "standby-took-over" if self.waited else "primary"
 
     # --- context management ----------------------------------------------------------
 
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        self.close(error=exc)
 
-    def close(self) -> None:
-        """Stop the session's actors and procs on every host, then release sockets."""
+    def close(self, error: BaseException | None = None) -> None:
+        """End the run: record it, stop its actors and procs, hand leadership back."""
         if self._closed:
             return
         self._closed = True
+        deposed = self._lost is not None or isinstance(error, (LeadershipLost, FencedError))
         try:
-            for host in self._hosts:
-                try:
-                    self.runtime.host_request(host, "stop_session", timeout=15.0)
-                except (TimeoutError, FencedError) as e:
-                    log.warning("could not stop the session on a host", host=host, error=str(e))
+            if not deposed:
+                self.writer.submit(END, {"error": repr(error)[:2000] if error else None})
+                self.writer.flush(timeout=30)
+                for host in self._hosts:
+                    try:
+                        self.runtime.host_request(host, "stop_session", timeout=15.0)
+                    except (TimeoutError, FencedError) as e:
+                        log.warning("could not stop the session on a host", host=host, error=str(e))
+        except LeadershipLost:
+            deposed = True
         finally:
             self.runtime.close()
+            try:
+                self.writer.close()
+            finally:
+                if not deposed:
+                    self.lead.resign()
+                self.lead.close()
+                self.journal.close()
 
-    # --- nondeterminism the program may ask for ------------------------------------
+    # --- leadership ------------------------------------------------------------------
+
+    def _on_leadership_lost(self, reason: str) -> None:
+        self._lost = f"leadership of session {self.name!r} lost: {reason}"
+        log.error("leadership lost; this controller stops driving workers", session=self.name, reason=reason)
+        self.runtime.fail_all(self._lost)
+
+    def _check_live(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"session {self.name!r} is closed")
+        if self._lost:
+            raise LeadershipLost(self._lost)
+        if self.runtime.fenced:
+            raise LeadershipLost(f"leadership of session {self.name!r} lost: {self.runtime.fenced}")
+
+    def _fence_known_workers(self) -> None:
+        """Before anything else, raise every known worker's epoch to ours (invariant 5)."""
+        assert self._replay is not None
+        hosts = {jc.value for jc in self._replay.calls.values() if jc.kind == "this_host"}
+        for host in sorted(h for h in hosts if isinstance(h, str)):
+            try:
+                reply = self.runtime.host_request(host, "hello", timeout=10.0)
+            except TimeoutError:
+                log.warning("host agent from the journal did not answer", host=host)
+                continue
+            self.runtime.register_host(host)
+            for p in reply.get("procs") or []:
+                if p.get("alive") and p.get("addr"):
+                    ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], host)
+                    self.runtime.procs[ref.id] = ref
+        self.runtime.fence_procs(list(self.runtime.procs.values()))
+
+    # --- journaling ------------------------------------------------------------------
+
+    def _submit(self, kind: str, data: dict, durable: bool = False) -> int:
+        try:
+            lsn = self.writer.submit(kind, data)
+            if durable:
+                self.writer.wait_durable(lsn)
+        except LeadershipLost as e:
+            self._on_leadership_lost(str(e))
+            raise
+        return lsn
+
+    def _record_result(self, call: PendingCall, point: int, outcome: Outcome) -> None:
+        """IO thread: journal a point's outcome before the program can see it."""
+        if outcome.status == "fenced" or outcome.meta.get("_journaled"):
+            return
+        data: dict[str, Any] = {"s": call.seq, "pt": point, "st": outcome.status}
+        if outcome.status == "ok":
+            size = wire.payload_size(outcome.frames)
+            if size <= LARGE_RESULT_BYTES:
+                data["v"] = [bytes(f.buffer if hasattr(f, "buffer") else f) for f in outcome.frames]
+            else:
+                data["big"] = [wire.digest(outcome.frames), size]
+        else:
+            data["x"] = {k: outcome.meta[k] for k in ("et", "em", "tb", "pid") if k in outcome.meta}
+        # A supervision failure may differ between runs: durable before it is seen (invariant 4).
+        durable = outcome.status == "dead"
+        try:
+            lsn = self.writer.submit(RESULT, data)
+            if durable:
+                self.writer.wait_durable(lsn, timeout=30)
+        except Exception as e:  # deposed or journal down: the program hears it on its next call
+            log.warning("could not journal a result", seq=call.seq, error=str(e))
+            return
+        self._marks.append((call.seq, lsn))
+
+    def _durable_through(self) -> int:
+        """Highest seq whose calls are all complete and journaled: workers may drop them."""
+        durable = self.writer.durable_lsn
+        with self.runtime.lock:
+            through = self.core.completed_through
+        while self._marks and self._marks[0][1] <= durable:
+            self._marks.popleft()
+        pending = min((s for s, _ in self._marks), default=None)
+        safe = through if pending is None else min(through, pending - 1)
+        self._safe_through = max(self._safe_through, safe)
+        return self._safe_through
+
+    def _issue(self) -> int:
+        self._check_live()
+        seq = self.core.issue()
+        if self.replaying and seq > self._replay.max_seq:
+            self._end_replay()
+        return seq
+
+    def _end_replay(self) -> None:
+        self.replaying = False
+        log.info("replay complete; now live", session=self.name, seq=self.core.next_seq - 1,
+                 replayed=self.stats["replayed"], resent=self.stats["resent"],
+                 takeover_s=round(time.monotonic() - self.takeover_at, 3))
+
+    def _journaled(self, seq: int, kind: str, actor: str = "", method: str = "", digest: bytes = b"",
+                   points: Any = None) -> JournaledCall | None:
+        if self._replay is None:
+            return None
+        return self._replay.check(seq, kind, actor, method, digest, points)
+
+    # --- values the program may ask for ------------------------------------------------
+
+    def _value(self, kind: str, produce: Callable[[], Any], encode: bool = False) -> Any:
+        """A value that may differ between runs: journaled durably before the program sees it."""
+        seq = self._issue()
+        jc = self._journaled(seq, kind, kind)
+        if jc is not None:
+            self.stats["replayed"] += 1
+            with self.runtime.lock:
+                self.core.finished(seq)
+            return pickle.loads(jc.value) if encode else jc.value
+        value = produce()
+        stored = pickle.dumps(value, protocol=5) if encode else value
+        self._submit(CALL, {"s": seq, "k": kind, "a": kind, "m": kind, "v": stored}, durable=True)
+        with self.runtime.lock:
+            self.core.finished(seq)
+        return value
 
     def now(self) -> float:
-        """Wall-clock time, recorded so a replay sees the same value."""
-        self.core.issue()
-        return time.time()
+        """Wall-clock time, journaled so a replay sees the same value."""
+        return self._value("now", time.time)
 
     def random(self) -> float:
-        """A random float in [0, 1), recorded so a replay sees the same value."""
-        self.core.issue()
-        return _random.random()
+        """A random float in [0, 1), journaled so a replay sees the same value."""
+        return self._value("random", _random.random)
 
     def side_effect(self, fn: Callable[[], Any]) -> Any:
-        """Run fn once; a replay gets its recorded result instead of running it again."""
-        self.core.issue()
-        return fn()
+        """Run fn once; a replay gets its journaled result instead of running it again."""
+        return self._value("side_effect", fn, encode=True)
+
+    def checkpoint(self, state: Any) -> None:
+        """Snapshot the program's state; a takeover resumes from here (see `resume`)."""
+        seq = self._issue()
+        jc = self._journaled(seq, "checkpoint", "checkpoint", "checkpoint")
+        if jc is not None:
+            with self.runtime.lock:
+                self.core.finished(seq)
+            return
+        blob = pickle.dumps(state, protocol=5)
+        lsn = self._submit(CALL, {"s": seq, "k": "checkpoint", "a": "checkpoint", "m": "checkpoint", "v": None})
+        self.writer.wait_durable(lsn)
+        self.lead.checkpoint({"seq": seq, "run": self.run_id, "state": blob, "resume_lsn": self._resume_lsn},
+                             lsn=lsn + 1)
+        with self.runtime.lock:
+            self.core.finished(seq)
+        self.runtime.checkpoint_seq = seq
+
+    def resume(self, default: Any) -> Any:
+        """The state of the last checkpoint of this run, or default. Call it once, after
+        creating meshes: a takeover skips from here straight to the checkpoint."""
+        if self._resumed:
+            raise RuntimeError("resume() may be called once per session")
+        self._resumed = True
+        seq = self._issue()
+        jc = self._journaled(seq, "resume", "resume", "resume")
+        if jc is None:
+            lsn = self._submit(CALL, {"s": seq, "k": "resume", "a": "resume", "m": "resume", "v": None}, durable=True)
+            self._resume_lsn = lsn
+            with self.runtime.lock:
+                self.core.finished(seq)
+            return default
+        self._resume_lsn = self._replay_resume_lsn()
+        with self.runtime.lock:
+            self.core.finished(seq)
+        ckpt = self.journal.read_checkpoint(self.name)
+        data = ckpt["data"] if ckpt else None
+        if not data or data.get("run") != self.run_id or data["seq"] <= seq:
+            return default
+        # Skip the calls the checkpoint covers: the program continues after it.
+        with self.runtime.lock:
+            for s in range(self.core.next_seq, data["seq"] + 1):
+                self.core.finished(s)
+            self.core.next_seq = data["seq"] + 1
+        self.runtime.checkpoint_seq = data["seq"]
+        if self.replaying and self.core.next_seq > self._replay.max_seq:
+            self._end_replay()
+        return pickle.loads(data["state"])
+
+    _resume_lsn: int | None = None
+
+    def _replay_resume_lsn(self) -> int | None:
+        ckpt = self.journal.read_checkpoint(self.name)
+        return ckpt["data"].get("resume_lsn") if ckpt else None
 
     def log(self, event: str, **kw: Any) -> None:
         """structlog, silent while replaying so output is not printed twice."""
@@ -98,8 +343,9 @@ class Session:
     # --- meshes ----------------------------------------------------------------------
 
     def this_host(self) -> HostMesh:
+        """The machine this controller runs on (the journal remembers which it was)."""
         if not self._hosts:
-            host = ensure_local_host()
+            host = self._value("this_host", ensure_local_host)
             self.runtime.register_host(host)
             self.runtime.host_request(host, "hello", timeout=10.0)
             self._hosts.append(host)
@@ -115,22 +361,37 @@ class Session:
         ((dim, count),) = per_host.items()
         if dim == "hosts" or not isinstance(count, int) or count < 1:
             raise ValueError(f"per_host={per_host}: the count must be a positive int and the dim not 'hosts'")
-        seq = self.core.issue()
-        envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim} for i in range(count)]
-        procs: list[ProcRef] = []
-        for host in hosts:
-            reply = self.runtime.host_request(
-                host, "spawn_procs", s=seq, count=count, envs=envs, path=[p for p in _sys_path() if p])
-            if reply.get("st") != "ok":
-                raise SupervisionError(f"host agent at {host} could not spawn procs: {reply.get('em')}")
-            for p in reply["procs"]:
-                ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], host)
+        digest = wire.digest([msgpack.packb([hosts, dim, count])])
+        seq = self._issue()
+        jc = self._journaled(seq, "spawn_procs", "", dim, digest)
+        if jc is None:
+            self._submit(CALL, {"s": seq, "k": "spawn_procs", "a": "", "m": dim, "d": digest, "pts": []})
+        if jc is not None and jc.procs is not None:
+            self.stats["replayed"] += 1
+            listing = jc.procs
+        else:
+            listing = []
+            envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim} for i in range(count)]
+            for host in hosts:
+                reply = self.runtime.host_request(
+                    host, "spawn_procs", s=seq, count=count, envs=envs, path=_sys_path())
+                if reply.get("st") != "ok":
+                    raise SupervisionError(f"host agent at {host} could not spawn procs: {reply.get('em')}")
+                listing += [{**p, "host": host} for p in reply["procs"]]
+            self._submit(PROCS, {"s": seq, "procs": listing})
+        procs = []
+        for p in listing:
+            ref = self.runtime.procs.get(p["id"])
+            if ref is None:
+                ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], p["host"])
+                # Known from the journal but not reported alive by its host: it died meanwhile.
+                if jc is not None and self.runtime.hosts:
+                    self.runtime.mark_dead(ref, f"proc {ref.id} (pid {ref.pid}) is gone")
                 self.runtime.procs[ref.id] = ref
-                procs.append(ref)
+            procs.append(ref)
         with self.runtime.lock:
             self.core.finished(seq)
-        dims = {"hosts": len(hosts), dim: count}
-        return ProcMesh(self, procs, View.full(dims))
+        return ProcMesh(self, procs, View.full({"hosts": len(hosts), dim: count}))
 
     def _spawn_actors(self, mesh: ProcMesh, name: str, cls: type, args: tuple, kwargs: dict) -> ActorMesh:
         if not isinstance(name, str) or not name or len(name) > 200:
@@ -140,32 +401,19 @@ class Session:
         procs = mesh.procs()
         dims = mesh.dims
         frames = wire.dumps((class_ref(cls), args, kwargs))
-        digest = wire.digest(frames)
-        seq = self.core.issue()
+        identity = (cls.__module__, cls.__qualname__, args, kwargs)
+        digest = wire.call_digest(identity, wire.dumps(identity))
         sink = GatherSink(View.full(dims))
-        sink.decode = self._decode
-        targets = {rank: p.id for rank, p in enumerate(procs)}
-        with self.runtime.lock:
-            call = self.core.expect(seq, "spawn", name, "__init__", targets, sink)
-        for rank, proc in enumerate(procs):
-            meta = {"sid": self.sid, "e": self.epoch, "s": seq, "a": name, "m": "__init__", "d": digest,
-                    "rt": self.runtime.inbox.address, "pt": rank, "co": dict(point_of(dims, rank))}
-            self._send(call, proc, rank, wire.encode(Kind.SPAWN, meta, frames))
+        metas = [{"co": dict(point_of(dims, rank))} for rank in range(len(procs))]
+        self._issue_call(Kind.SPAWN, "spawn", name, "__init__", frames, digest, procs,
+                         tuple(range(len(procs))), sink, metas)
         sink.future.get()
         self._actor_names.add(name)
         return ActorMesh(self, name, cls, procs, dims)
 
     def _stop_actors(self, mesh: ActorMesh) -> None:
-        seq = self.core.issue()
         sink = GatherSink(mesh._view)
-        sink.decode = self._decode
-        targets = {r: mesh._procs[r].id for r in mesh._view.ranks}
-        with self.runtime.lock:
-            call = self.core.expect(seq, "stop", mesh.name, "__stop__", targets, sink)
-        for rank in mesh._view.ranks:
-            meta = {"sid": self.sid, "e": self.epoch, "s": seq, "a": mesh.name, "m": "__stop__",
-                    "d": b"", "rt": self.runtime.inbox.address, "pt": rank}
-            self._send(call, mesh._procs[rank], rank, wire.encode(Kind.STOP, meta))
+        self._issue_call(Kind.STOP, "stop", mesh.name, "__stop__", [], b"", mesh._procs, mesh._view.ranks, sink)
         sink.future.get()
 
     def _stop_procs(self, mesh: ProcMesh) -> None:
@@ -174,24 +422,48 @@ class Session:
     # --- the call path ---------------------------------------------------------------
 
     def _call(self, mesh: ActorMesh, method: str, args: tuple, kwargs: dict, kind: str,
-              ranks: tuple[int, ...], sink: Any) -> PendingCall:
-        if self._closed:
-            raise RuntimeError(f"session {self.name!r} is closed")
-        if self.runtime.fenced:
-            raise FencedError(f"session {self.name!r} lost leadership: {self.runtime.fenced}")
+              ranks: tuple[int, ...] | None, sink: Any) -> PendingCall:
         frames = wire.dumps((args, kwargs))
-        digest = wire.digest(frames)
-        seq = self.core.issue()
+        digest = wire.call_digest((args, kwargs), frames)
+        return self._issue_call(Kind.CALL, kind, mesh.name, method, frames, digest, mesh._procs, ranks, sink,
+                                choose_from=mesh if ranks is None else None)
+
+    def _issue_call(self, wire_kind: Kind, kind: str, actor: str, method: str, frames: list, digest: bytes,
+                    procs: list[ProcRef], ranks: tuple[int, ...] | None, sink: Any,
+                    metas: list[dict] | None = None, choose_from: ActorMesh | None = None) -> PendingCall:
+        seq = self._issue()
+        jc = self._journaled(seq, kind, actor, method, digest, ranks)
+        if ranks is None:  # choose: the pick is journaled durably before anything is sent
+            key = (seq, "choose", 0)
+            if self._replay is not None and key in self._replay.obs:
+                ranks = (self._replay.obs[key],)
+            else:
+                ranks = (self._choose(choose_from),)
+                self._submit(OBS, {"s": seq, "w": "choose", "i": 0, "v": ranks[0]}, durable=True)
         sink.decode = self._decode
-        procs = mesh._procs
+        if isinstance(sink, GatherSink):
+            sink.future._on_get = partial(self._get, seq)
         targets = {r: procs[r].id for r in ranks}
         with self.runtime.lock:
-            call = self.core.expect(seq, kind, mesh.name, method, targets, sink)
-        base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": mesh.name, "m": method, "d": digest,
+            call = self.core.expect(seq, kind, actor, method, targets, sink)
+        sink.call = call
+        if jc is None:
+            self._submit(CALL, {"s": seq, "k": kind, "a": actor, "m": method, "d": digest, "pts": list(ranks)})
+            self.stats["live"] += 1
+        base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.inbox.address}
         for r in ranks:
+            res = jc.results.get(r) if jc is not None else None
+            if res is not None and "big" not in res:
+                self.stats["replayed"] += 1
+                self.runtime.deliver_local(call, r, _outcome_of(res))
+                continue
+            if jc is not None:
+                self.stats["resent"] += 1
             base["pt"] = r
-            self._send(call, procs[r], r, wire.encode(Kind.CALL, base, frames))
+            if metas:
+                base.update(metas[r])
+            self._send(call, procs[r], r, wire.encode(wire_kind, base, frames))
         return call
 
     def _send(self, call: PendingCall, proc: ProcRef, rank: int, msg: list) -> None:
@@ -199,6 +471,19 @@ class Session:
             self.runtime.send_to_proc(proc, msg)
         except PeerGone as e:
             self.runtime.deliver_local(call, rank, Outcome("dead", {"em": str(e)}, []))
+
+    def _get(self, seq: int, fut: Future, timeout: float | None) -> None:
+        """Future.get for calls: a timeout the program saw is journaled, and replayed."""
+        n = self._timeouts.get(seq, 0)
+        key = (seq, "timeout", n)
+        if self._replay is not None and key in self._replay.obs:
+            self._timeouts[seq] = n + 1
+            raise TimeoutError(f"call seq {seq} not complete after {timeout} s (replayed)")
+        if fut.wait(timeout):
+            return
+        self._timeouts[seq] = n + 1
+        self._submit(OBS, {"s": seq, "w": "timeout", "i": n, "v": timeout}, durable=True)
+        raise TimeoutError(f"call seq {seq} not complete after {timeout} s")
 
     def _decode(self, call: PendingCall, outcome: Outcome) -> Any:
         st = outcome.status
@@ -208,10 +493,10 @@ class Session:
         who = f"{call.actor}[{meta.get('pt', '?')}]"
         if st == "err":
             raise ActorError(who, call.method, str(meta.get("et")), str(meta.get("em")), str(meta.get("tb", "")))
-        if st == "dead" or st == "noactor":
+        if st in ("dead", "noactor"):
             raise SupervisionError(f"{who}.{call.method} failed: {meta.get('em')}", actor=who, reason=st)
         if st == "fenced":
-            raise FencedError(f"{who} refused {call.method}: {meta.get('em')}")
+            raise LeadershipLost(f"{who} refused {call.method}: {meta.get('em')}")
         if st == "divergence":
             raise DivergenceError(f"{who}.{call.method}: {meta.get('em')}")
         raise SupervisionError(f"{who}.{call.method}: unexpected status {st!r}", actor=who, reason=st)
@@ -221,7 +506,7 @@ class Session:
         ranks = mesh._view.ranks
         live = [r for r in ranks if mesh._procs[r].alive] or list(ranks)
         with self.runtime.lock:
-            load = {r: 0 for r in live}
+            load = dict.fromkeys(live, 0)
             for call in self.core.calls.values():
                 for r, pid in call.targets.items():
                     if r in load and mesh._procs[r].id == pid and r not in call.results:
@@ -231,10 +516,29 @@ class Session:
         return best[next(self._choose_rr) % len(best)]
 
     def _stream_results(self, sink: StreamSink) -> Iterator[tuple[Point, Any]]:
+        """Completion order, journaled durably before each value is seen; replayed as recorded."""
+        call = sink.call
         index = {r: i for i, r in enumerate(sink.view.ranks)}
-        for _ in range(len(sink.view.ranks)):
-            call, rank = sink.queue.get()
+        buffered: dict[int, None] = {}  # arrived but not yet yielded, in arrival order
+        for i in range(len(sink.view.ranks)):
+            key = (call.seq, "stream", i)
+            if self._replay is not None and key in self._replay.obs:
+                rank = self._replay.obs[key]
+                while rank not in buffered:
+                    buffered[sink.queue.get()[1]] = None
+            else:
+                if not buffered:
+                    buffered[sink.queue.get()[1]] = None
+                rank = next(iter(buffered))
+                self._submit(OBS, {"s": call.seq, "w": "stream", "i": i, "v": rank}, durable=True)
+            del buffered[rank]
             yield point_of(sink.view.dims, index[rank]), self._decode(call, call.results[rank])
+
+
+def _outcome_of(res: dict) -> Outcome:
+    """A journaled result as the outcome the worker once sent."""
+    meta = {"pt": res["pt"], "_journaled": True, **(res.get("x") or {})}
+    return Outcome(res["st"], meta, list(res.get("v") or []))
 
 
 def _sys_path() -> list[str]:
@@ -242,3 +546,6 @@ def _sys_path() -> list[str]:
 
     cwd = os.getcwd()
     return [p or cwd for p in sys.path]
+
+
+__all__ = ["NonDeterminismError", "Session"]

@@ -120,23 +120,32 @@ def _rebuild_tensor(buf: Any, dtype: Any, shape: tuple, requires_grad: bool) -> 
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
+def _reduce_tensor(obj: Any) -> Any:
+    """Zero-copy reduction of a dense CPU tensor, or NotImplemented."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) is not torch.Tensor or obj.device.type != "cpu":
+        return NotImplemented
+    t = obj.detach().contiguous()
+    if t.is_quantized or t.is_sparse or t.dtype.is_complex:
+        return NotImplemented
+    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+    return _rebuild_tensor, (pickle.PickleBuffer(raw), t.dtype, tuple(t.shape), obj.requires_grad)
+
+
 class _Pickler(cloudpickle.CloudPickler):
     """cloudpickle plus zero-copy CPU tensors: the storage travels as an out-of-band frame."""
 
     def reducer_override(self, obj: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu":
-            t = obj.detach().contiguous()
-            if t.is_quantized or t.is_sparse or t.dtype.is_complex:
-                return super().reducer_override(obj)
-            raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
-            return _rebuild_tensor, (
-                pickle.PickleBuffer(raw),
-                t.dtype,
-                tuple(t.shape),
-                obj.requires_grad,
-            )
-        return super().reducer_override(obj)
+        r = _reduce_tensor(obj)
+        return super().reducer_override(obj) if r is NotImplemented else r
+
+
+class _DigestPickler(pickle.Pickler):
+    """Classes by name, never by value: the same call pickles to the same bytes in
+    every process (cloudpickle's by-value classes carry a per-process id)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        return _reduce_tensor(obj)
 
 
 def dumps(obj: Any) -> list:
@@ -165,6 +174,19 @@ def digest(frames: Sequence[Any]) -> bytes:
     for f in frames:
         h.update(f.buffer if hasattr(f, "buffer") else f)
     return h.digest()
+
+
+def call_digest(obj: Any, frames: Sequence[Any]) -> bytes:
+    """Digest of a call's arguments, stable across processes (see _DigestPickler)."""
+    if _is_plain(obj):
+        return digest(frames)
+    buffers: list = []
+    f = io.BytesIO()
+    try:
+        _DigestPickler(f, protocol=5, buffer_callback=buffers.append).dump(obj)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return digest(frames)  # lambdas and local classes: only cloudpickle can say
+    return digest([f.getvalue(), *(b.raw() for b in buffers)])
 
 
 def payload_size(frames: Sequence[Any]) -> int:

@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(fd, 2)
         nul = os.open(os.devnull, os.O_RDONLY)
         os.dup2(nul, 0)
-    from worker._logging import configure_logging
+    from worker.logsetup import configure_logging
 
     configure_logging()
     agent = HostAgent(a.bind_host, a.port, a.idle_exit)

@@ -1,4 +1,5 @@
-"""structlog setup for regent's own processes (host agents and procs)."""
+"""structlog setup for regent processes: human-readable lines on stderr, never stdout
+(a program's stdout is its own)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import sys
 import structlog
 
 
-def configure_logging() -> None:
+def configure_logging(only_if_unconfigured: bool = False) -> None:
+    if only_if_unconfigured and structlog.is_configured():
+        return
     level = getattr(logging, os.environ.get("REGENT_LOG_LEVEL", "INFO").upper(), logging.INFO)
     structlog.configure(
         processors=[

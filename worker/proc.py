@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host-inbox", required=True)
     p.add_argument("--bind-host", default="127.0.0.1")
     a = p.parse_args(argv)
-    from worker._logging import configure_logging
+    from worker.logsetup import configure_logging
 
     configure_logging()
     ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host).run()

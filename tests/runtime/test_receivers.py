@@ -114,9 +114,9 @@ def test_a_lower_epoch_is_rejected_after_a_higher_one_was_seen(tally):
     assert meta["st"] == "fenced"
     assert "deposed" in meta["em"]
     # The session itself now holds a stale epoch: its calls are refused too.
-    from controller import FencedError
+    from controller import LeadershipLost
 
-    with pytest.raises(FencedError):
+    with pytest.raises(LeadershipLost, match="deposed"):
         mesh.slice(procs=0).add.call_one(1).get()
 
 

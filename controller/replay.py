@@ -1,0 +1,129 @@
+"""What the journal says the program did: the index a replaying controller checks
+each new call against (DESIGN invariants 1, 4 and 6).
+
+Pure data built from journal records; no IO. A run starts at its `start` record;
+a session's log may hold several runs, and only the last one is replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.errors import RegentError
+
+# Record kinds the controller writes.
+START = "start"  # {run, ts}
+CALL = "call"  # {s, k, a, m, d, pts} or, for values the program asked for, {s, k, v}
+RESULT = "result"  # {s, pt, st, v: [frames] | None, big: [digest, size] | None, x: {...}}
+OBS = "obs"  # {s, w, i, v}: a choose pick, a stream position, a timeout
+PROCS = "procs"  # {s, procs: [...]}: what spawn_procs got
+SUPERVISION = "sup"  # {ev, ...}
+CHECKPOINT = "ckpt"  # {s}
+END = "end"  # {error?}
+
+VALUE_KINDS = frozenset({"now", "random", "side_effect", "this_host", "resume", "checkpoint"})
+
+
+class NonDeterminismError(RegentError):
+    """The program made a different call than its journal records at the same seq."""
+
+    def __init__(self, seq: int, journaled: str, new: str):
+        self.seq = seq
+        self.journaled = journaled
+        self.new = new
+        super().__init__(
+            f"non-determinism at seq {seq}: the journal records {journaled}, but the program now "
+            f"makes {new}. A controller program must make the same calls in the same order on "
+            "replay; take values that may differ from s.now(), s.random() or s.side_effect()."
+        )
+
+
+def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", points: Iterable[int] = ()) -> str:
+    if kind in VALUE_KINDS:
+        return f"{kind}()"
+    pts = list(points)
+    where = f"{actor}.{method}" if method else actor
+    return f"{kind} {where} on points {pts} (argument digest {digest.hex()[:12]})"
+
+
+@dataclass
+class JournaledCall:
+    seq: int
+    kind: str
+    actor: str = ""
+    method: str = ""
+    digest: bytes = b""
+    points: list[int] = field(default_factory=list)
+    value: Any = None
+    results: dict[int, dict] = field(default_factory=dict)
+    procs: list[dict] | None = None
+
+    def describe(self) -> str:
+        return describe(self.kind, self.actor, self.method, self.digest, self.points)
+
+
+class ReplayIndex:
+    """The last run of a session, indexed by seq."""
+
+    def __init__(self, records: Iterable[Any] = ()):
+        self.run: str | None = None
+        self.ended = False
+        self.calls: dict[int, JournaledCall] = {}
+        self.obs: dict[tuple[int, str, int], Any] = {}
+        self.supervision: list[dict] = []
+        self.records = 0
+        self.epochs: list[int] = []
+        self.last_lsn = -1
+        for rec in records:
+            self.add(rec)
+
+    def add(self, rec: Any) -> None:
+        kind, d = rec.kind, rec.data
+        self.last_lsn = rec.lsn
+        if kind == START:
+            self.__init__()  # a new run: forget the previous one
+            self.run = d["run"]
+            self.last_lsn = rec.lsn
+            self.records = 1
+            self.epochs = [rec.epoch]
+            return
+        self.records += 1
+        if not self.epochs or self.epochs[-1] != rec.epoch:
+            self.epochs.append(rec.epoch)
+        if kind == CALL:
+            self.calls[d["s"]] = JournaledCall(
+                d["s"], d["k"], d.get("a", ""), d.get("m", ""), d.get("d", b""),
+                list(d.get("pts", ())), d.get("v"))
+        elif kind == RESULT:
+            call = self.calls.get(d["s"])
+            if call is not None:
+                call.results[d["pt"]] = d
+        elif kind == OBS:
+            self.obs[(d["s"], d["w"], d.get("i", 0))] = d.get("v")
+        elif kind == PROCS:
+            call = self.calls.get(d["s"])
+            if call is not None:
+                call.procs = d["procs"]
+        elif kind == SUPERVISION:
+            self.supervision.append(d)
+        elif kind == END:
+            self.ended = True
+
+    @property
+    def max_seq(self) -> int:
+        return max(self.calls, default=-1)
+
+    def check(self, seq: int, kind: str, actor: str = "", method: str = "", digest: bytes = b"",
+              points: Iterable[int] | None = None) -> JournaledCall | None:
+        """The journaled call at seq if the new one matches it; None past the journal's end."""
+        jc = self.calls.get(seq)
+        if jc is None:
+            return None
+        same = jc.kind == kind and jc.actor == actor and jc.method == method and jc.digest == digest
+        if same and points is not None and kind != "choose":
+            same = jc.points == list(points)
+        if not same:
+            raise NonDeterminismError(seq, jc.describe(), describe(kind, actor, method, digest, points or ()))
+        return jc
