@@ -110,13 +110,13 @@ def detect_backend(forced: str | None = None) -> BackendInfo:
     visible_var = "HIP_VISIBLE_DEVICES" if flavour == "hip" else "CUDA_VISIBLE_DEVICES"
     if not torch.cuda.is_available():
         why = (
-            f"torch {version} is built for {flavour.upper()} {toolkit} but "
+            f"torch {version} is built for {flavour.upper()} {toolkit}, yet "
             f"torch.cuda.is_available() is False (no GPU or driver visible; "
             f"{visible_var}={os.environ.get(visible_var, '<unset>')})"
         )
         if forced is not None:
             raise BackendUnavailableError(
-                f"{BACKEND_ENV}={forced} but {why}; run on a GPU machine or use {BACKEND_ENV}=cpu"
+                f"{BACKEND_ENV}={forced}: {why}; run on a GPU machine or use {BACKEND_ENV}=cpu"
             )
         return BackendInfo("cpu", why, False, 1, version)
 
