@@ -113,6 +113,10 @@ def ipc_event_synchronize(payload: bytes, out: Any) -> None:
 
 
 def allreduce_rank(rank: int, world: int, port: int, out: Any) -> None:
+    # Bind this rank to its own device before torch initialises CUDA/HIP, as the host agent does.
+    from hipcore import binding
+
+    os.environ.update(binding.proc_env(rank, 1, os.environ.get("REGENT_HIPCORE_BACKEND")))
     import torch
     import torch.distributed as dist
 
