@@ -272,6 +272,7 @@ class Leadership:
     def _keepalive(self) -> None:
         ttl = self._grant.ttl_s
         interval = ttl / 4
+        failures = 0
         while not self._stop.wait(interval):
             if self._keepalive_paused.is_set():
                 continue
@@ -288,8 +289,9 @@ class Leadership:
                         f"{type(exc).__name__}: {exc}"
                     )
                     return
-                log.warning(
-                    "lease renewal failed, retrying",
+                failures += 1
+                (log.warning if failures == 1 else log.debug)(
+                    "lease renewal failed, retrying until the ttl runs out",
                     session=self.session,
                     error=f"{type(exc).__name__}: {exc}",
                 )
@@ -300,5 +302,8 @@ class Leadership:
             if not held:
                 self._mark_lost("the lease expired before it could be renewed")
                 return
+            if failures:
+                log.info("lease renewed again", session=self.session, failures=failures)
             self._last_renewed = sent
+            failures = 0
             interval = ttl / 4

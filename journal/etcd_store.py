@@ -162,7 +162,8 @@ class EtcdStore:
 
         def note(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            (log.debug if quiet else log.warning)(
+            loud = not quiet and state.attempt_number == 1
+            (log.warning if loud else log.debug)(
                 "etcd request failed, retrying",
                 request=what,
                 etcd=self.address_text,
@@ -261,6 +262,11 @@ class EtcdStore:
             now_held = f"{value.decode()!r} holds it in epoch {meta.create_revision}"
         else:
             now_held = "nobody holds it now"
+            try:
+                ttl = self._client.get_lease_info(grant.lease_id).TTL
+                now_held += f"; its lease {grant.lease_id:x} has ttl {ttl}s left"
+            except Exception as exc:
+                log.debug("could not read lease info", lease=grant.lease_id, error=str(exc))
         return LeadershipLost(
             f"{what} refused: {grant.holder!r} no longer leads session {grant.session!r} "
             f"(its epoch {grant.epoch} lease expired or was taken over; {now_held})"

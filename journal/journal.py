@@ -6,6 +6,7 @@ Backend-neutral: everything here runs unchanged over etcd and SQLite.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ class Journal:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        # Leaderships own keepalive threads; closing the journal stops them.
+        self._leaderships: weakref.WeakSet[Leadership] = weakref.WeakSet()
 
     @property
     def url(self) -> str:
@@ -101,9 +104,11 @@ class Journal:
         TimeoutError after `timeout` seconds.
         """
         _check_session(session)
-        return campaign(
+        lead = campaign(
             self._backend, session, holder, ttl_s=ttl_s, timeout=timeout, on_waiting=on_waiting
         )
+        self._leaderships.add(lead)
+        return lead
 
     def _compacted(self, session: str) -> list[tuple[int, int]]:
         return codec.merge_ranges(codec.decode_ranges(self._backend.get_compacted(session)))
@@ -247,6 +252,12 @@ class Journal:
         self._backend.delete_session(session)
 
     def close(self) -> None:
+        """Resign every leadership still held through this journal, then close the store."""
+        for lead in list(self._leaderships):
+            try:
+                lead.close()
+            except Exception as exc:
+                log.warning("could not resign on close", session=lead.session, error=str(exc))
         self._backend.close()
 
     def __enter__(self) -> Journal:

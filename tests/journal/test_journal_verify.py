@@ -90,8 +90,10 @@ def test_checkpoint_records_its_lsn_and_survives_a_new_leader(journal: Journal, 
     ckpt = journal.read_checkpoint(session)
     assert ckpt["lsn"] == 10 and ckpt["epoch"] == lead.epoch
     assert ckpt["data"] == {"actors": {"counter": 7}, "blob": b"\x01\x02"}
+    successor = journal.campaign(session, "b")
     with pytest.raises(ValueError, match="not yet appended"):
-        journal.campaign(session, "b").checkpoint({}, lsn=11)
+        successor.checkpoint({}, lsn=11)
+    successor.close()
 
 
 def test_compaction_keeps_the_prologue_and_the_tail_and_still_verifies(
