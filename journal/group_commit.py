@@ -112,6 +112,15 @@ class GroupCommitWriter:
             raise self._error
         return last
 
+    def checkpoint(self, data: dict[str, Any], timeout: float | None = None) -> int:
+        """Flush, then store a checkpoint covering every record submitted so far.
+
+        Returns the checkpoint's lsn: the first record it does not cover.
+        """
+        lsn = self.flush(timeout) + 1
+        self._lead.checkpoint(data, lsn=lsn)
+        return lsn
+
     def close(self) -> None:
         """Write what is pending, then stop the thread. Errors were already raised to waiters."""
         with self._cond:

@@ -92,3 +92,13 @@ def test_a_leader_cut_off_from_etcd_for_longer_than_its_ttl_reports_the_loss(
     assert "could not renew the lease" in reasons[0]
     lead.close()
     journal.close()
+
+
+def test_a_url_whose_first_endpoint_is_dead_reaches_the_live_one(etcd_server: EtcdServer):
+    url = f"etcd://127.0.0.1:{free_port()},{etcd_server.address}"
+    with open_journal(url) as journal:
+        assert journal.url == url
+        lead = journal.campaign("failover", "a")
+        lead.append([("call", {})])
+        assert [r.lsn for r in journal.read("failover")] == [0]
+        journal.delete_session("failover")

@@ -96,3 +96,17 @@ def test_an_oversized_record_is_refused_at_submit_without_using_an_lsn(
             writer.close()
             writer.submit("call", {})
     lead.close()
+
+
+def test_a_writer_checkpoint_covers_everything_submitted_before_it(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    with GroupCommitWriter(lead, max_delay_s=1.0) as writer:
+        for i in range(10):
+            writer.submit("call", {"i": i})
+        assert writer.checkpoint({"state": 10}) == 10
+        writer.submit("call", {"i": 10})
+    assert journal.read_checkpoint(session)["lsn"] == 10
+    assert journal.compact(session) == 10
+    assert [r.lsn for r in journal.read(session)] == [10]
+    assert journal.verify(session).ok
+    lead.close()
