@@ -66,7 +66,7 @@ def dropped(handle: RDMAHandle) -> RDMABufferDroppedError:
 
 def check_live(handle: RDMAHandle, detail: str = "") -> None:
     """Raise if the owner died or the buffer was dropped (same-host check, no round trip)."""
-    if not _shm.is_alive(*handle.owner):
+    if not _shm.owner_alive(*handle.owner):
         _mappings.forget(handle.registry)
         raise owner_gone(handle, detail)
     try:
@@ -91,6 +91,7 @@ class ShmTransport:
     """Zero-copy mapping of memory the owner allocated in shared memory (``shared_tensor``/``shared_array``)."""
 
     name = "shm"
+    copies_locally = True  # no waiting on a peer: short copies may run on the caller's thread
 
     def endpoint(self, region: Region) -> Any | None:
         if region.device != "cpu" or region.nbytes == 0:

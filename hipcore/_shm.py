@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import mmap
 import os
 import secrets
+import select
 import socket
 import tempfile
 import threading
@@ -73,6 +75,53 @@ def is_alive(pid: int, start_time: int) -> bool:
     return start_time == 0 or int(rest[19]) == start_time
 
 
+class _PidWatch:
+    """pidfds of processes we check often: a poll on a pidfd costs a microsecond and, unlike a
+    pid, cannot be fooled by pid reuse; it also reports a zombie as exited."""
+
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: dict[tuple[int, int], int] = {}
+
+    def alive(self, pid: int, start_time: int) -> bool:
+        key = (pid, start_time)
+        with self._lock:
+            fd = self._fds.get(key)
+        if fd is None:
+            if not is_alive(pid, start_time) or not hasattr(os, "pidfd_open"):
+                return is_alive(pid, start_time)
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                return is_alive(pid, start_time)
+            if not is_alive(pid, start_time):  # the pid was reused between the two checks
+                os.close(fd)
+                return False
+            with self._lock:
+                if len(self._fds) >= self.LIMIT:
+                    _, old = self._fds.popitem()
+                    os.close(old)
+                self._fds[key] = fd
+        readable, _, _ = select.select([fd], [], [], 0)
+        if readable:
+            with self._lock:
+                if self._fds.pop(key, None) is not None:
+                    os.close(fd)
+            return False
+        return True
+
+
+_watch = _PidWatch()
+
+
+def owner_alive(pid: int, start_time: int) -> bool:
+    """Fast liveness check for a process we ask about repeatedly (see ``_PidWatch``)."""
+    return _watch.alive(pid, start_time)
+
+
+@functools.cache
 def host_id() -> str:
     """Identifies this host's kernel: two processes share /dev/shm only if their host ids match."""
     try:

@@ -31,6 +31,9 @@ from hipcore.errors import RDMAError, RDMASizeError
 log = structlog.get_logger("hipcore.rdma")
 
 TRANSPORT_ENV = "REGENT_HIPCORE_RDMA_TRANSPORT"
+# Transfers up to this size over a transport that copies memory itself (shm) run on the
+# caller's thread and return a completed future.
+INLINE_COPY_BYTES = 4 << 20
 
 __all__ = [
     "RDMABuffer",
@@ -115,6 +118,17 @@ def _submit(fn: Callable[[], Any]) -> RDMAFuture:
             future.set_exception(exc)
 
     executor.submit(run)
+    return future
+
+
+def _run_inline(fn: Callable[[], Any]) -> RDMAFuture:
+    """Run a short memory copy on the caller's thread: a thread hop costs more than the copy."""
+    future = RDMAFuture()
+    future.set_running_or_notify_cancel()
+    try:
+        future.set_result(fn())
+    except Exception as exc:  # noqa: BLE001 - delivered to the caller's future
+        future.set_exception(exc)
     return future
 
 
@@ -275,6 +289,8 @@ class RDMABuffer:
     def _start(
         self, user: Any, offset: int, timeout: float | None, transport: str | None, read: bool
     ) -> RDMAFuture:
+        n = _copy.nbytes_of(user)
+        inline = n <= INLINE_COPY_BYTES and not _copy.is_device_tensor(user)
         if self.is_owner and transport is None and not os.environ.get(TRANSPORT_ENV):
             def local() -> None:
                 entry = self._local_entry()
@@ -287,7 +303,7 @@ class RDMABuffer:
                 else:
                     _copy.copy_bytes(window, user)
 
-            return _submit(local)
+            return _run_inline(local) if inline and self._handle.device == "cpu" else _submit(local)
         try:
             chosen, info = self._pick(transport)
         except RDMAError as exc:
@@ -295,6 +311,8 @@ class RDMABuffer:
             future.set_exception(exc)
             return future
         op = chosen.read_into if read else chosen.write_from
+        if inline and getattr(chosen, "copies_locally", False):
+            return _run_inline(lambda: op(self._handle, info, user, offset, timeout))
         return _submit(lambda: op(self._handle, info, user, offset, timeout))
 
     def drop(self, timeout: float | None = None) -> None:
