@@ -16,7 +16,9 @@ import os
 import pickle
 import random as _random
 import secrets
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
@@ -53,6 +55,15 @@ from worker.transport import PeerGone
 log = structlog.get_logger("regent.session")
 
 DEFAULT_LEASE_TTL_S = 2.0
+
+
+class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
+    """SIGTERM asked this primary to step down: it hands leadership to a standby at once,
+    leaving workers and the run as they are."""
+
+
+def _raise_handoff(signum: int, frame: object) -> None:
+    raise Handoff("SIGTERM: handing the session over to a standby")
 
 
 class Session:
@@ -106,6 +117,9 @@ class Session:
         self.stats = {"replayed": 0, "resent": 0, "live": 0}
         self._log = structlog.get_logger("regent.program").bind(session=name)
         self.lead.on_lost(self._on_leadership_lost)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _raise_handoff)
         if self._replay is not None:
             self._fence_known_workers()
 
@@ -124,6 +138,9 @@ class Session:
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
         self.close(error=exc)
+        if isinstance(exc, Handoff):
+            # The rest of the program belongs to the standby now: leave quietly.
+            raise SystemExit(0) from None
 
     def close(self, error: BaseException | None = None) -> None:
         """End the run: record it, stop its actors and procs, hand leadership back."""
@@ -131,8 +148,12 @@ class Session:
             return
         self._closed = True
         deposed = self._lost is not None or isinstance(error, (LeadershipLost, FencedError))
+        handoff = isinstance(error, Handoff)
         try:
-            if not deposed:
+            if handoff and not deposed:
+                self.writer.flush(timeout=30)
+                log.info("handing the session over", session=self.name)
+            elif not deposed:
                 self.writer.submit(END, {"error": repr(error)[:2000] if error else None})
                 self.writer.flush(timeout=30)
                 for host in self._hosts:
@@ -256,7 +277,7 @@ class Session:
     def _value(self, kind: str, produce: Callable[[], Any], encode: bool = False) -> Any:
         """A value that may differ between runs: journaled durably before the program sees it."""
         seq = self._issue()
-        jc = self._journaled(seq, kind, kind)
+        jc = self._journaled(seq, kind, kind, kind)
         if jc is not None:
             self.stats["replayed"] += 1
             with self.runtime.lock:
@@ -548,4 +569,4 @@ def _sys_path() -> list[str]:
     return [p or cwd for p in sys.path]
 
 
-__all__ = ["NonDeterminismError", "Session"]
+__all__ = ["Handoff", "NonDeterminismError", "Session"]

@@ -1,0 +1,138 @@
+"""Runs a controller program as primary + standbys in real processes, and checks
+what the actors executed against what the program issued."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+@dataclass
+class Cluster:
+    """Controllers of one session: start them, find the leader, kill it."""
+
+    session: str
+    journal: str
+    workdir: Path
+    program: str = "mixed.py"
+    steps: int = 40
+    ttl: float = 1.0
+    extra_env: dict = field(default_factory=dict)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def leader_file(self) -> Path:
+        return self.workdir / f"{self.session}.leaders"
+
+    def env(self, **extra: str) -> dict:
+        env = dict(os.environ)
+        env.update({
+            "REGENT_TEST_SESSION": self.session,
+            "REGENT_TEST_JOURNAL": self.journal,
+            "REGENT_TEST_STEPS": str(self.steps),
+            "REGENT_TEST_LEADER_FILE": str(self.leader_file),
+            "REGENT_TEST_TTL": str(self.ttl),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(self.extra_env)
+        env.update(extra)
+        return env
+
+    def start(self, **extra_env: str) -> subprocess.Popen:
+        n = len(self.procs)
+        p = subprocess.Popen(
+            [sys.executable, str(PROGRAMS / self.program)],
+            env=self.env(**extra_env), stdout=subprocess.PIPE,
+            stderr=open(self.workdir / f"{self.session}.ctl{n}.log", "w"), text=True)
+        self.procs.append(p)
+        return p
+
+    def leaders(self) -> list[int]:
+        try:
+            return [int(x) for x in self.leader_file.read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    def wait_leader(self, count: int, timeout: float = 30.0) -> int:
+        """Pid of the count-th process to become leader."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = self.leaders()
+            if len(pids) >= count:
+                return pids[count - 1]
+            time.sleep(0.005)
+        raise TimeoutError(f"no leader #{count} of {self.session} within {timeout} s; see {self.workdir}")
+
+    def log_of(self, pid: int) -> Path:
+        n = self.procs.index(self.by_pid(pid))
+        return self.workdir / f"{self.session}.ctl{n}.log"
+
+    def wait_step(self, pid: int, step: int, timeout: float = 60.0) -> None:
+        """Until the controller with this pid reports having run `step` live."""
+        log = self.log_of(pid)
+        deadline = time.monotonic() + timeout
+        while f"step {step}\n" not in log.read_text():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"controller {n} did not reach step {step}\n{self.log_tail()}")
+            time.sleep(0.005)
+
+    def by_pid(self, pid: int) -> subprocess.Popen:
+        return next(p for p in self.procs if p.pid == pid)
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 120.0) -> dict:
+        out, _ = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            raise AssertionError(f"controller exited {proc.returncode}; logs in {self.workdir}\n{self.log_tail()}")
+        return json.loads(out.strip().splitlines()[-1])
+
+    def log_tail(self, n: int = 40) -> str:
+        text = ""
+        for f in sorted(self.workdir.glob(f"{self.session}.ctl*.log")):
+            text += f"--- {f.name}\n" + "\n".join(f.read_text().splitlines()[-n:]) + "\n"
+        return text
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def expected_tokens(steps: int, change_at: int = -1) -> tuple[dict[int, set], set]:
+    """Tokens each of the 3 actors must run exactly once, and choose tokens (one actor each)."""
+    per_actor: dict[int, set] = {a: set() for a in range(3)}
+    chosen = set()
+    for i in range(steps):
+        k = i % 5
+        if i == change_at:
+            for a in per_actor:
+                per_actor[a].add(f"changed{i}")
+        elif k in (0, 1, 3):
+            prefix = {0: "c", 1: "b", 3: "s"}[k]
+            for a in per_actor:
+                per_actor[a].add(f"{prefix}{i}")
+        elif k == 2:
+            chosen.add(f"h{i}")
+        else:
+            per_actor[i % 3].add(f"o{i}")
+    return per_actor, chosen
+
+
+def check_exactly_once(result: dict, steps: int) -> None:
+    """Every issued call ran exactly once on each actor it targeted (counted by the actors)."""
+    per_actor, chosen = expected_tokens(steps)
+    reports = result["reports"]
+    twice = {(a, t): n for a, seen in enumerate(reports) for t, n in seen.items() if n != 1}
+    assert not twice, f"calls run more than once: {twice}"
+    for a, seen in enumerate(reports):
+        got = set(seen) - chosen
+        assert got == per_actor[a], f"actor {a}: missing {per_actor[a] - got}, unexpected {got - per_actor[a]}"
+    picks = [t for seen in reports for t in seen if t in chosen]
+    assert sorted(picks) == sorted(chosen), "each choose call must run on exactly one actor"

@@ -1,0 +1,86 @@
+"""A controller program for failover tests: mixed calls, spawns and observations.
+
+Configured by environment: REGENT_TEST_JOURNAL, REGENT_TEST_SESSION, REGENT_TEST_STEPS,
+REGENT_TEST_LEADER_FILE (this process appends its pid when it leads), REGENT_TEST_CHANGE_AT
+(make a different call at that step: a program edited mid-session).
+Prints one JSON line: the program's observations and each actor's execution counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from controller import Session
+from worker import Actor, endpoint
+
+
+class Worker(Actor):
+    """Counts every token it executes, so a checker can prove exactly-once."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.seen: dict[str, int] = {}
+        self.total = 0
+
+    def _note(self, token: str) -> None:
+        self.seen[token] = self.seen.get(token, 0) + 1
+
+    @endpoint
+    def work(self, token: str, x: int) -> int:
+        self._note(token)
+        self.total += x
+        time.sleep(self.delay)
+        return self.total
+
+    @endpoint
+    def square(self, token: str, x: int) -> int:
+        self._note(token)
+        time.sleep(self.delay)
+        return x * x
+
+    @endpoint
+    def report(self) -> dict[str, int]:
+        return dict(self.seen)
+
+
+def main() -> None:
+    steps = int(os.environ.get("REGENT_TEST_STEPS", "40"))
+    change_at = int(os.environ.get("REGENT_TEST_CHANGE_AT", "-1"))
+    ttl = float(os.environ.get("REGENT_TEST_TTL", "1.0"))
+    with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ.get("REGENT_TEST_JOURNAL") or None,
+                 lease_ttl_s=ttl) as s:
+        leader_file = os.environ.get("REGENT_TEST_LEADER_FILE")
+        if leader_file:
+            with open(leader_file, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        procs = s.spawn_procs(per_host={"procs": 3})
+        w = procs.spawn("w", Worker, 0.002)
+        out: list = []
+        started = s.now()
+        for i in range(steps):
+            k = i % 5
+            if i == change_at:
+                out.append(w.work.call(f"changed{i}", 999).get().values())
+            elif k == 0:
+                out.append(w.work.call(f"c{i}", i).get().values())
+            elif k == 1:
+                w.work.broadcast(f"b{i}", i)
+            elif k == 2:
+                out.append(w.square.choose(f"h{i}", i).get())
+            elif k == 3:
+                out.append(sorted(v for _, v in w.work.stream(f"s{i}", i)))
+            else:
+                out.append(w.slice(procs=i % 3).work.call_one(f"o{i}", 1).get() >= 0)
+            if not s.replaying:
+                print(f"step {i}", file=sys.stderr, flush=True)
+        reports = w.report.call().get().values()
+        elapsed_known = s.now() >= started
+        print(json.dumps({"out": out, "reports": reports, "clock_ok": elapsed_known,
+                          "stats": s.stats, "role": s.role}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
