@@ -16,10 +16,8 @@ from hipcore.backend import require_torch
 from hipcore.cpu import check_elapsed_preconditions
 from hipcore.errors import EventError, StreamError
 
-# torch.cuda._sleep spins for a number of GPU clock cycles; 2.1 GHz is above the
-# boost clock of current NVIDIA and AMD datacenter parts, so a delay is at least
-# as long as asked (roughly: clocks vary).
-_SLEEP_CYCLES_PER_SECOND = 2.1e9
+_CALIBRATION_CYCLES = 20_000_000
+_cycles_per_second: dict[int, float] = {}
 
 
 def _torch() -> Any:
@@ -48,8 +46,9 @@ class GpuStream:
 
     def delay(self, seconds: float) -> None:
         torch = _torch()
+        cycles = int(seconds * _sleep_rate(self.device_index))
         with torch.cuda.device(self.device_index), torch.cuda.stream(self.torch_stream):
-            torch.cuda._sleep(int(seconds * _SLEEP_CYCLES_PER_SECOND))
+            torch.cuda._sleep(cycles)
 
     def copy_async(self, dst: Any, src: Any) -> None:
         from hipcore._copy import copy_bytes, is_device_tensor
@@ -79,6 +78,30 @@ class GpuStream:
 
     def __repr__(self) -> str:
         return f"GpuStream({self.name}, device={self.device_index})"
+
+
+def _sleep_rate(device_index: int) -> float:
+    """Cycles per second of ``torch.cuda._sleep`` on this device, measured once.
+
+    The spin counter's rate differs between vendors (and with clocks), so a delay is
+    calibrated with timing events rather than assumed from a nominal clock.
+    """
+    rate = _cycles_per_second.get(device_index)
+    if rate is None:
+        torch = _torch()
+        with torch.cuda.device(device_index):
+            stream = torch.cuda.Stream()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(_CALIBRATION_CYCLES // 10)  # warm-up launch
+                start.record(stream)
+                torch.cuda._sleep(_CALIBRATION_CYCLES)
+                end.record(stream)
+            end.synchronize()
+            seconds = max(start.elapsed_time(end) / 1e3, 1e-6)
+        rate = _cycles_per_second[device_index] = _CALIBRATION_CYCLES / seconds
+    return rate
 
 
 class GpuEvent:

@@ -33,6 +33,13 @@ def rdma_owner(sizes: list[int], memory: str, to_parent: Any, from_parent: Any) 
             import torch
 
             arr = torch.from_numpy(pattern(n, salt=1))
+        elif memory == "device":
+            import torch
+
+            import hipcore
+
+            arr = hipcore.current_device().empty(n, torch.uint8)
+            arr.copy_(torch.from_numpy(pattern(n, salt=1)))
         else:
             arr = pattern(n, salt=1)
         arrays.append(arr)
@@ -44,7 +51,10 @@ def rdma_owner(sizes: list[int], memory: str, to_parent: Any, from_parent: Any) 
             return
         if cmd == "check":  # arg: (index, salt) -> does buffer index hold pattern(salt)?
             index, salt = arg
-            data = np.asarray(arrays[index]).reshape(-1).view(np.uint8)
+            arr = arrays[index]
+            if hasattr(arr, "cpu"):
+                arr = arr.cpu().numpy()
+            data = np.asarray(arr).reshape(-1).view(np.uint8)
             to_parent.put(bool(np.array_equal(data, pattern(len(data), salt))))
         elif cmd == "drop":
             buffers[arg].drop()

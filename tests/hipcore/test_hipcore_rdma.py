@@ -220,6 +220,30 @@ def test_torch_tensors_are_registered_and_filled(spawn, torch):
         owner.stop()
 
 
+@pytest.mark.parametrize("transport", [None, "tcp"])
+def test_device_memory_is_readable_and_writable_across_processes(spawn, torch, transport):
+    # CPU backend: device memory is host memory served over TCP. GPU backends: CUDA/HIP IPC
+    # when the reader sees the owner's GPU, TCP through pinned staging otherwise.
+    import hipcore
+
+    n = (8 << 20) + 5
+    owner = Owner(spawn, [n], "device")
+    try:
+        buf = owner.buffers[0]
+        assert buf.handle.device == hipcore.backend().torch_device_type
+        dev = hipcore.current_device()
+        dst = dev.empty(n, torch.uint8)
+        buf.read_into(dst, transport=transport).get(timeout=60)
+        assert np.array_equal(dst.cpu().numpy(), children.pattern(n, salt=1))
+        src = dev.empty(n, torch.uint8)
+        src.copy_(torch.from_numpy(children.pattern(n, salt=5)))
+        dev.synchronize()
+        buf.write_from(src, transport=transport).get(timeout=60)
+        assert owner.holds(0, salt=5)
+    finally:
+        owner.stop()
+
+
 def test_owner_side_reads_and_writes_are_local_copies():
     arr = shared_array((4, 8), dtype=np.float64)
     arr[:] = 1.5
