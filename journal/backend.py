@@ -23,6 +23,8 @@ class Grant:
     epoch: int
     lease_id: int
     ttl_s: float
+    # time.monotonic() just before the lease was requested: the lease runs from no later.
+    requested_at: float
 
 
 class Backend(Protocol):

@@ -105,7 +105,7 @@ class Leadership:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._keepalive_paused = threading.Event()
-        self._last_renewed = time.monotonic()
+        self._last_renewed = grant.requested_at
         self._thread = threading.Thread(
             target=self._keepalive, name=f"journal-keepalive-{grant.session}", daemon=True
         )
@@ -269,6 +269,14 @@ class Leadership:
     def resume_keepalive(self) -> None:
         self._keepalive_paused.clear()
 
+    def _release_quietly(self) -> None:
+        # The store may still hold our lease (etcd keeps leases across its restarts); give it
+        # up so that a standby does not wait out a lease nobody renews.
+        try:
+            self._backend.release(self._grant)
+        except Exception as exc:
+            log.debug("could not release the lease after losing it", error=str(exc))
+
     def _keepalive(self) -> None:
         ttl = self._grant.ttl_s
         interval = ttl / 4
@@ -288,6 +296,7 @@ class Leadership:
                         f"could not renew the lease for {silent:.1f}s (ttl {ttl:g}s): "
                         f"{type(exc).__name__}: {exc}"
                     )
+                    self._release_quietly()
                     return
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(

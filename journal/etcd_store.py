@@ -10,6 +10,7 @@ loses nor duplicates records.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -199,6 +200,7 @@ class EtcdStore:
         if value is not None:
             return None
         ttl = max(1, math.ceil(ttl_s))
+        requested_at = time.monotonic()
         lease = self._retry(lambda: self._client.lease(ttl), what="grant lease")
         t = self._client.transactions
         try:
@@ -217,7 +219,9 @@ class EtcdStore:
         # Compare the lease rather than trusting `succeeded`: a retried campaign whose first
         # attempt committed lands in the failure branch, yet the key is ours.
         if kvs and kvs[0][1].lease_id == lease.id:
-            return Grant(session, holder, kvs[0][1].create_revision, lease.id, float(lease.ttl))
+            return Grant(
+                session, holder, kvs[0][1].create_revision, lease.id, float(lease.ttl), requested_at
+            )
         self._revoke_quietly(lease.id)
         return None
 

@@ -122,17 +122,29 @@ class GroupCommitWriter:
         return lsn
 
     def close(self) -> None:
-        """Write what is pending, then stop the thread. Errors were already raised to waiters."""
+        """Write what is pending, then stop the thread.
+
+        Raises the append error if submitted records could not be written.
+        """
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join()
+        if self._error is not None and self._durable < self._next_lsn - 1:
+            raise self._error
 
     def __enter__(self) -> GroupCommitWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:
+            # The exception already propagating explains more than a follow-on failure.
+            log.debug("writer close failed while handling another error")
 
     def _take(self) -> tuple[int, list[bytes]] | None:
         with self._cond:

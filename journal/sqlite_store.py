@@ -100,6 +100,7 @@ class SqliteStore:
         row = conn.execute("SELECT expires_at FROM leader WHERE session = ?", (session,)).fetchone()
         if row is not None and row[0] > time.time():
             return None
+        requested_at = time.monotonic()
         with self._write() as conn:
             now = time.time()
             row = conn.execute(
@@ -121,7 +122,7 @@ class SqliteStore:
                 "VALUES (?, ?, ?, ?)",
                 (session, holder, epoch, now + ttl_s),
             )
-        return Grant(session, holder, epoch, epoch, ttl_s)
+        return Grant(session, holder, epoch, epoch, ttl_s, requested_at)
 
     def refresh(self, grant: Grant) -> bool:
         with self._write() as conn:

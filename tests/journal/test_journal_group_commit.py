@@ -76,7 +76,8 @@ def test_a_fenced_append_fails_waiters_and_later_submits(journal: Journal, sessi
         writer.submit("call", {"i": 2})
     with pytest.raises(LeadershipLost):
         writer.flush()
-    writer.close()
+    with pytest.raises(LeadershipLost):
+        writer.close()
     assert old.lost.is_set()
     assert [r.data["i"] for r in journal.read(session)] == [0]
     old.close()
