@@ -1,10 +1,16 @@
-"""The `regent` command line: host agents, keys, running programs, the demo and journal tools."""
+"""The `regent` command line: host agents, keys, running programs with standbys, the
+demo, and the journal tools (ls, show, verify, compact)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import os
 import runpy
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,10 +32,95 @@ def _cmd_keys(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
-    program = REPO / "examples" / "quickstart.py"
+    program = REPO / "examples" / "failover_demo.py"
     sys.argv = [str(program), *rest]
     runpy.run_path(str(program), run_name="__main__")
     return 0
+
+
+def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
+    """A primary and N standbys of the same program; exits with the run's status."""
+    cmd = [sys.executable, args.program, *rest]
+    procs = [subprocess.Popen(cmd) for _ in range(1 + args.standby)]
+    print(f"regent run: started {len(procs)} controllers of {args.program} "
+          f"(pids {', '.join(str(p.pid) for p in procs)}); the first to lead is primary", file=sys.stderr)
+
+    def forward(signum: int, frame: object) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    # The run is over when one controller finishes it; standbys then find an ended
+    # session, which they would start anew, so they are stopped.
+    while True:
+        for p in procs:
+            code = p.poll()
+            if code is not None and code != -signal.SIGKILL:
+                for other in procs:
+                    if other is not p and other.poll() is None:
+                        other.kill()
+                        other.wait()
+                return code
+        if all(p.poll() is not None for p in procs):
+            return 1
+        time.sleep(0.05)
+
+
+def _open(args: argparse.Namespace):
+    from journal import open_journal
+
+    return open_journal(args.journal)
+
+
+def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
+    from controller.audit import Filter, timeline
+
+    j = _open(args)
+    try:
+        if args.journal_command == "ls":
+            infos = j.sessions()
+            if not infos:
+                print(f"no sessions in {j.url}")
+            for i in infos:
+                when = _dt.datetime.fromtimestamp(i.last_write).isoformat(" ", "seconds") if i.last_write else "-"
+                state = "ended" if i.ended else (f"led by {i.leader} (epoch {i.epoch})" if i.leader else "no leader")
+                print(f"{i.name:<32} {i.records:>8} records  last write {when}  {state}")
+            return 0
+        if args.journal_command == "show":
+            flt = Filter(args.actor, args.endpoint, args.errors, _parse_time(args.since), _parse_time(args.until))
+            for line in timeline(j.read(args.session), flt):
+                print(line)
+            return 0
+        if args.journal_command == "verify":
+            report = j.verify(args.session)
+            print(report)
+            return 0 if report.ok else 1
+        if args.journal_command == "compact":
+            removed = j.compact(args.session, keep_before_lsn=_prologue_end(j, args.session))
+            print(f"compacted {removed} records of {args.session!r} covered by its checkpoint")
+            return 0
+    finally:
+        j.close()
+    return 2
+
+
+def _prologue_end(j, session: str) -> int | None:
+    """The program's prologue (meshes made before resume()) is kept: a replay needs it."""
+    ckpt = j.read_checkpoint(session)
+    if not ckpt:
+        return None
+    return ckpt["data"].get("resume_lsn")
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return _dt.datetime.fromisoformat(text).timestamp()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,11 +131,32 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     init = keys_sub.add_parser("init", help="create the cluster keypair in $REGENT_HOME/keys")
     init.add_argument("--force", action="store_true", help="replace existing keys")
-    sub.add_parser("demo", help="run the main job (see README)", add_help=False)
+    sub.add_parser("demo", help="run the main job: a session, a controller failover, the result", add_help=False)
+    run = sub.add_parser("run", help="run PROGRAM.py as a primary plus N standbys")
+    run.add_argument("program")
+    run.add_argument("--standby", type=int, default=1, help="number of standby controllers (default 1)")
+    jr = sub.add_parser("journal", help="inspect a session's journal")
+    jr.add_argument("--journal", default=os.environ.get("REGENT_JOURNAL"),
+                    help="etcd://host:port or sqlite:///path (default: the embedded store)")
+    jsub = jr.add_subparsers(dest="journal_command", required=True)
+    jsub.add_parser("ls", help="list sessions")
+    show = jsub.add_parser("show", help="a readable timeline of a session")
+    show.add_argument("session")
+    show.add_argument("--actor", help="only calls to this actor mesh")
+    show.add_argument("--endpoint", help="only calls of this endpoint")
+    show.add_argument("--errors", action="store_true", help="only errors, supervision events and timeouts")
+    show.add_argument("--since", help="unix time or ISO time")
+    show.add_argument("--until", help="unix time or ISO time")
+    verify = jsub.add_parser("verify", help="check checksums, contiguity and epochs; non-zero exit on a defect")
+    verify.add_argument("session")
+    compact = jsub.add_parser("compact", help="delete log records covered by the latest checkpoint")
+    compact.add_argument("session")
+    for sp in (show, verify, compact):
+        sp.add_argument("--journal", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 
-_COMMANDS = {"host": _cmd_host, "keys": _cmd_keys, "demo": _cmd_demo}
+_COMMANDS = {"host": _cmd_host, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] in ("host", "demo"):
         args, rest = parser.parse_args(argv[:1]), argv[1:]
+    elif argv and argv[0] == "run":
+        args, rest = parser.parse_known_args(argv)
     else:
         args, rest = parser.parse_args(argv), []
     return _COMMANDS[args.command](args, rest)

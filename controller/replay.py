@@ -21,7 +21,7 @@ OBS = "obs"  # {s, w, i, v}: a choose pick, a stream position, a timeout
 PROCS = "procs"  # {s, procs: [...]}: what spawn_procs got
 SUPERVISION = "sup"  # {ev, ...}
 CHECKPOINT = "ckpt"  # {s}
-END = "end"  # {error?}
+END = "session_end"  # {error?}
 
 VALUE_KINDS = frozenset({"now", "random", "side_effect", "this_host", "resume", "checkpoint"})
 
