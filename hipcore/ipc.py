@@ -204,7 +204,19 @@ class IpcEvent:
     def synchronize(self, timeout: float | None = None) -> None:
         """Block until the latest record completes; ``PeerGoneError`` if the owner dies first."""
         if self._gpu is not None:
-            wait_until(self._gpu.query, timeout=timeout, owner=self._owner, what="IpcEvent.synchronize")
+            gpu, owner = self._gpu, self._owner
+
+            def done() -> bool:
+                try:
+                    return gpu.query()
+                except RuntimeError as exc:  # the driver reports a dead owner's event as an error
+                    if not _shm.is_alive(*owner):
+                        raise PeerGoneError(
+                            f"IpcEvent.synchronize: the owning process (pid {owner[0]}) died"
+                        ) from exc
+                    raise IpcError(f"IpcEvent.synchronize failed: {exc}") from exc
+
+            wait_until(done, timeout=timeout, owner=self._owner, what="IpcEvent.synchronize")
             return
         target = int(self._words[3])
         words = self._words
