@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hipcore.backend import BACKEND_ENV, BACKEND_NAMES, BackendName, backend
+from hipcore.backend import BACKEND_ENV, BACKEND_NAMES, BackendName
+from hipcore.backend import backend as detected_backend
 
 CPU_DEVICE_ENV = "REGENT_CPU_DEVICE"
 PROC_DEVICES_ENV = "REGENT_PROC_DEVICES"
@@ -61,7 +62,7 @@ def proc_devices(
 def proc_env(
     proc_index: int,
     gpus_per_proc: int = 1,
-    backend_name: str | None = None,
+    backend: str | None = None,
     *,
     parent_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
@@ -76,7 +77,7 @@ def proc_env(
     - ``gpus_per_proc=0`` on a GPU backend gives a proc with no GPU: it runs the CPU backend.
     """
     env = os.environ if parent_env is None else parent_env
-    name = backend_name if backend_name is not None else backend().name
+    name = backend if backend is not None else detected_backend().name
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {name!r}; use one of {', '.join(BACKEND_NAMES)}")
     var = VISIBLE_DEVICES_ENV[name]  # type: ignore[index]
@@ -96,10 +97,10 @@ def child_env(
     base_env: Mapping[str, str],
     proc_index: int,
     gpus_per_proc: int = 1,
-    backend_name: str | None = None,
+    backend: str | None = None,
 ) -> dict[str, str]:
     """A complete environment for a proc: ``base_env`` minus inherited bindings, plus ``proc_env``."""
-    binding = proc_env(proc_index, gpus_per_proc, backend_name, parent_env=base_env)
+    binding = proc_env(proc_index, gpus_per_proc, backend, parent_env=base_env)
     env = {k: v for k, v in base_env.items() if k not in BINDING_VARS}
     env.update(binding)
     return env

@@ -51,7 +51,8 @@ __all__ = [
 class Transport(Protocol):
     """How bytes reach a registered buffer. Owner side: ``endpoint`` describes the region
     (None: cannot serve it). Reader side: ``reachable``, then blocking ``read_into``/``write_from``
-    (run on hipcore's RDMA threads; raise ``RDMAError`` subclasses)."""
+    (run on hipcore's RDMA threads; raise ``RDMAError`` subclasses). A transport whose copies
+    never wait on a peer may set ``copies_locally = True`` so short ones run on the caller's thread."""
 
     name: str
 
