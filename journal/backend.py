@@ -38,8 +38,11 @@ class Backend(Protocol):
     def refresh(self, grant: Grant) -> bool:
         """Renew the lease; False if it is gone. Raises on transient errors."""
 
-    def release(self, grant: Grant) -> None:
-        """Give up leadership at once (a standby may take over immediately)."""
+    def release(self, grant: Grant, *, within_s: float = 3.0) -> None:
+        """Give up leadership at once (a standby may take over immediately).
+
+        Transient store errors are retried for `within_s` seconds.
+        """
 
     def leader(self, session: str) -> tuple[str, int] | None:
         """Current (holder, epoch) of a session, or None."""

@@ -17,7 +17,7 @@ import structlog
 from . import codec
 from .backend import Backend, Grant
 from .batching import pack
-from .errors import JournalError, LeadershipLost
+from .errors import JournalError, JournalUnavailable, LeadershipLost
 
 log = structlog.get_logger("journal.election")
 
@@ -36,6 +36,16 @@ def next_lsn_of(backend: Backend, session: str) -> int:
     return nxt
 
 
+def _describe_leader(backend: Backend, session: str) -> str:
+    try:
+        current = backend.leader(session)
+    except JournalUnavailable:
+        return f"the store at {backend.url} is unavailable"
+    if current is None:
+        return "it is free now"
+    return f"{current[0]!r} holds it in epoch {current[1]}"
+
+
 def campaign(
     backend: Backend,
     session: str,
@@ -51,27 +61,30 @@ def campaign(
     deadline = None if timeout is None else time.monotonic() + timeout
     waited = False
     while True:
-        grant = backend.try_acquire(session, holder, ttl_s)
+        try:
+            grant = backend.try_acquire(session, holder, ttl_s)
+        except JournalUnavailable as exc:
+            # A standby outlives store outages: it keeps waiting, within its own timeout.
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            log.warning("store unavailable while campaigning", session=session, error=str(exc))
+            grant = None
         if grant is not None:
             break
         if not waited:
             waited = True
-            current = backend.leader(session)
             log.info(
                 "waiting as standby",
                 session=session,
                 holder=holder,
-                leader=current[0] if current else None,
-                epoch=current[1] if current else None,
+                leader=_describe_leader(backend, session),
             )
             if on_waiting is not None:
                 on_waiting()
         if deadline is not None and time.monotonic() >= deadline:
-            current = backend.leader(session)
-            held = f"{current[0]!r} holds it in epoch {current[1]}" if current else "it is free now"
             raise TimeoutError(
                 f"{holder!r} did not become leader of session {session!r} within {timeout:g}s "
-                f"({held})"
+                f"({_describe_leader(backend, session)})"
             )
         time.sleep(backend.poll_interval_s)
     lead = Leadership(backend, grant)
@@ -273,7 +286,7 @@ class Leadership:
         # The store may still hold our lease (etcd keeps leases across its restarts); give it
         # up so that a standby does not wait out a lease nobody renews.
         try:
-            self._backend.release(self._grant)
+            self._backend.release(self._grant, within_s=0)
         except Exception as exc:
             log.debug("could not release the lease after losing it", error=str(exc))
 

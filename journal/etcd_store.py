@@ -238,10 +238,12 @@ class EtcdStore:
         responses = list(self._keepalive_client.refresh_lease(grant.lease_id))
         return bool(responses) and responses[0].TTL > 0
 
-    def release(self, grant: Grant) -> None:
+    def release(self, grant: Grant, *, within_s: float = 3.0) -> None:
         try:
             self._retry(
-                lambda: self._client.revoke_lease(grant.lease_id), what="revoke lease", within_s=3.0
+                lambda: self._client.revoke_lease(grant.lease_id),
+                what="revoke lease",
+                within_s=within_s,
             )
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.NOT_FOUND:

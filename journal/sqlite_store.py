@@ -134,7 +134,7 @@ class SqliteStore:
             )
             return cur.rowcount == 1
 
-    def release(self, grant: Grant) -> None:
+    def release(self, grant: Grant, *, within_s: float = 3.0) -> None:
         with self._write() as conn:
             conn.execute(
                 "DELETE FROM leader WHERE session = ? AND holder = ? AND epoch = ?",

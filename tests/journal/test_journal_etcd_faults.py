@@ -102,3 +102,31 @@ def test_a_url_whose_first_endpoint_is_dead_reaches_the_live_one(etcd_server: Et
         lead.append([("call", {})])
         assert [r.lsn for r in journal.read("failover")] == [0]
         journal.delete_session("failover")
+
+
+def test_a_standby_keeps_waiting_through_an_etcd_restart(fresh_etcd: EtcdServer):
+    primary_journal = open_journal(fresh_etcd.url)
+    standby_journal = open_journal(fresh_etcd.url)
+    primary = primary_journal.campaign("standby-restart", "primary", ttl_s=5.0)
+    primary.append([("call", {"i": 0})])
+    result: dict = {}
+
+    def wait_as_standby() -> None:
+        try:
+            result["lead"] = standby_journal.campaign("standby-restart", "standby", timeout=30)
+        except BaseException as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=wait_as_standby)
+    thread.start()
+    time.sleep(0.3)
+    fresh_etcd.restart(down_s=0.5)
+    time.sleep(0.5)
+    assert "lead" not in result and "error" not in result
+    primary.resign()
+    thread.join(15)
+    standby = result["lead"]
+    assert standby.epoch > primary.epoch and standby.next_lsn == 1
+    standby.close()
+    primary_journal.close()
+    standby_journal.close()
