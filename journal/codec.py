@@ -22,6 +22,8 @@ CHECKPOINT_FORMAT = b"\x01"
 # requests over 1.5 MiB, and the batch it travels in needs headroom for keys and compares.
 MAX_RECORD_BYTES = 1 << 20
 
+# Decoding allows non-str map keys: the journal's own writer produced the bytes, and a record
+# that was accepted on write must always read back.
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _crc32 = zlib.crc32
@@ -90,7 +92,7 @@ def decode_batch(value: bytes, session: str, first_lsn: int) -> list[Record]:
             body, crc = unpacker.unpack()
             if _crc32(body) != crc:
                 raise CorruptRecord(session, lsn, "checksum mismatch")
-            fields = _unpackb(body, raw=False)
+            fields = _unpackb(body, raw=False, strict_map_key=False)
             if fields[0] != lsn:
                 raise CorruptRecord(
                     session, lsn, f"record says lsn {fields[0]} but is stored at lsn {lsn}"
@@ -134,7 +136,7 @@ def inspect_batch(
             lsn += 1
             continue
         try:
-            fields = _unpackb(body, raw=False)
+            fields = _unpackb(body, raw=False, strict_map_key=False)
             stored_lsn, epoch, kind = fields[0], fields[1], fields[2]
         except Exception as exc:
             problems.append(f"lsn {lsn}: undecodable record ({type(exc).__name__})")
@@ -176,7 +178,7 @@ def decode_checkpoint(value: bytes, session: str) -> dict[str, Any]:
         raise CorruptRecord(session, None, f"checkpoint is torn ({exc})") from exc
     if _crc32(body) != crc:
         raise CorruptRecord(session, None, "checkpoint checksum mismatch")
-    return _unpackb(body, raw=False)
+    return _unpackb(body, raw=False, strict_map_key=False)
 
 
 def encode_ranges(ranges: list[tuple[int, int]]) -> bytes:

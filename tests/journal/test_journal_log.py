@@ -36,6 +36,19 @@ def test_append_then_read_returns_the_records_with_contiguous_lsns(journal: Jour
     lead.close()
 
 
+def test_nested_values_round_trip_as_msgpack_gives_them_back(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    data = {
+        "nested": {"list": [1, [2, {"deep": b"\x01"}]], "none": None, "neg": -(2**63)},
+        "int_keys": {1: "one", 2: "two"},
+        "float": 1e-300,
+        "unicode": "caf\u00e9 \u2603",
+    }
+    lead.append([("result", data)])
+    assert next(journal.read(session)).data == data
+    lead.close()
+
+
 def test_a_new_leader_continues_at_the_lsn_after_the_last_record(journal: Journal, session: str):
     first = journal.campaign(session, "a")
     first.append([("call", {"i": i}) for i in range(5)])
