@@ -311,6 +311,15 @@ class Session:
                 self.core.finished(seq)
             return
         blob = pickle.dumps(state, protocol=5)
+        # A checkpoint is a barrier: a takeover skips everything before it, so every
+        # earlier call must have completed (broadcasts included) and be journaled.
+        while True:
+            with self.runtime.lock:
+                outstanding = [c for c in self.core.calls if c < seq]
+            if not outstanding:
+                break
+            self._check_live()
+            time.sleep(0.001)
         lsn = self._submit(CALL, {"s": seq, "k": "checkpoint", "a": "checkpoint", "m": "checkpoint", "v": None})
         self.writer.wait_durable(lsn)
         self.lead.checkpoint({"seq": seq, "run": self.run_id, "state": blob, "resume_lsn": self._resume_lsn},

@@ -136,7 +136,8 @@ class ProcRuntime:
         if kind is Kind.PING:
             rt = meta.get("rt")
             if valid_address(rt):
-                self._reply(rt, Kind.PONG, {"id": self.proc_id, "pid": os.getpid(), "n": meta.get("n")})
+                self._reply(rt, Kind.PONG, {"id": self.proc_id, "pid": os.getpid(), "n": meta.get("n"),
+                                            "cached": len(self.dedupe), "epoch": self.fence.epoch})
             return
         if wire.require(meta, "sid", str) != self.session:
             raise ProtocolError(f"message for session {meta['sid']!r}, this proc serves {self.session!r}")
