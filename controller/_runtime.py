@@ -46,7 +46,7 @@ class ProcRef:
 
 
 class Runtime:
-    def __init__(self, session: str, epoch: int, core: ControllerCore):
+    def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None):
         self.session = session
         self.epoch = epoch
         self.core = core
@@ -54,7 +54,10 @@ class Runtime:
         self.ctx = zmq.Context()
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds)
-        self.outbox = Outbox(self.ctx, self.creds)
+        # links (chaos testing): .connect(addr) routes our connections, .advertise(addr)
+        # the address workers reply to; both default to the direct path.
+        self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None)
+        self.reply_address = links.advertise(self.inbox.address) if links else self.inbox.address
         self.procs: dict[str, ProcRef] = {}
         self.hosts: dict[str, str] = {}  # host address -> last hello
         self._requests: dict[int, Future] = {}
@@ -81,7 +84,7 @@ class Runtime:
         n = next(self._req_ids)
         fut: Future = Future()
         self._requests[n] = fut
-        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.inbox.address, **fields}
+        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address, **fields}
         try:
             self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
             if not fut.wait(timeout):
@@ -104,7 +107,7 @@ class Runtime:
         fut: Future = Future()
         self._requests[n] = fut
         try:
-            self.outbox.peer(address).send(wire.encode(Kind.PING, {"rt": self.inbox.address, "n": n}))
+            self.outbox.peer(address).send(wire.encode(Kind.PING, {"rt": self.reply_address, "n": n}))
             return fut.get(timeout) if fut.wait(timeout) else None
         finally:
             self._requests.pop(n, None)
@@ -209,7 +212,7 @@ class Runtime:
             n = next(self._req_ids)
             fut: Future = Future()
             self._requests[n] = fut
-            meta = {"sid": self.session, "e": self.epoch, "rt": self.inbox.address, "n": n}
+            meta = {"sid": self.session, "e": self.epoch, "rt": self.reply_address, "n": n}
             try:
                 self.outbox.peer(proc.address).send(wire.encode(Kind.FENCE, meta))
                 waits.append((proc, n, fut))
@@ -236,7 +239,7 @@ class Runtime:
         for host in list(self.hosts):
             if now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
                 self.outbox.peer(host).try_send(wire.encode(Kind.HOST_REQ, {
-                    "sid": self.session, "e": self.epoch, "op": "hello", "n": 0, "rt": self.inbox.address}))
+                    "sid": self.session, "e": self.epoch, "op": "hello", "n": 0, "rt": self.reply_address}))
         if self.hosts and now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
             self._last_hello = now
 

@@ -29,6 +29,7 @@ import structlog
 
 from controller._runtime import ProcRef, Runtime
 from controller.core import ControllerCore, Outcome, PendingCall
+from controller.ephemeral import NoJournal, NoWriter
 from controller.futures import Future, Point, point_of
 from controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink, View
 from controller.replay import (
@@ -69,19 +70,21 @@ def _raise_handoff(signum: int, frame: object) -> None:
 class Session:
     """A regent session: `with Session("name") as s: ...`.
 
-    journal: "etcd://host:port[,host:port]", "sqlite:///path.db", or None for the
-    embedded SQLite store in $REGENT_HOME. lease_ttl_s: how long a dead primary
+    journal: "etcd://host:port[,host:port]", "sqlite:///path.db", None for the
+    embedded SQLite store in $REGENT_HOME, or "off" (no journal: no takeover).
+    links: optional routing of this controller's connections (chaos tests put a
+    Toxiproxy proxy on every link): an object with connect(addr) and advertise(addr). lease_ttl_s: how long a dead primary
     holds leadership before a standby takes over.
     """
 
     def __init__(self, name: str, journal: str | None = None, *, lease_ttl_s: float | None = None,
-                 campaign_timeout: float | None = None):
+                 campaign_timeout: float | None = None, links: Any = None):
         if not name or "/" in name or len(name) > 128:
             raise ValueError(f"session name {name!r} must be 1..128 characters without '/'")
         configure_logging(only_if_unconfigured=True)
         self.name = name
         ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))
-        self.journal = open_journal(journal)
+        self.journal = NoJournal() if journal == "off" else open_journal(journal)
         self.journal_url = self.journal.url
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.waited = False
@@ -97,12 +100,12 @@ class Session:
             self._replay = None
             self.run_id = secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
-        self.writer = GroupCommitWriter(self.lead)
+        self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead)
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         self.replaying = self._replay is not None and self._replay.max_seq >= 0
         self.core = ControllerCore(self.sid)
-        self.runtime = Runtime(self.sid, self.epoch, self.core)
+        self.runtime = Runtime(self.sid, self.epoch, self.core, links)
         self.runtime.record_result = self._record_result
         self.runtime.durable_through = self._durable_through
         self._marks: collections.deque = collections.deque()
@@ -481,7 +484,7 @@ class Session:
             self._submit(CALL, {"s": seq, "k": kind, "a": actor, "m": method, "d": digest, "pts": list(ranks)})
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
-                "rt": self.runtime.inbox.address}
+                "rt": self.runtime.reply_address}
         for r in ranks:
             res = jc.results.get(r) if jc is not None else None
             if res is not None and "big" not in res:

@@ -89,11 +89,13 @@ class Peer:
 
 
 class Outbox:
-    """Peers by address, created on first use."""
+    """Peers by address, created on first use. `route` may redirect a connection (a chaos
+    proxy in front of a peer, say) while callers keep using the peer's own address."""
 
-    def __init__(self, ctx: zmq.Context, creds: Credentials):
+    def __init__(self, ctx: zmq.Context, creds: Credentials, route: Callable[[str], str] | None = None):
         self.ctx = ctx
         self.creds = creds
+        self.route = route
         self._peers: dict[str, Peer] = {}
         self._lock = threading.Lock()
 
@@ -103,7 +105,8 @@ class Outbox:
             with self._lock:
                 p = self._peers.get(address)
                 if p is None:
-                    p = self._peers[address] = Peer(self.ctx, self.creds, address)
+                    target = self.route(address) if self.route else address
+                    p = self._peers[address] = Peer(self.ctx, self.creds, target)
         return p
 
     def drop(self, address: str) -> None:

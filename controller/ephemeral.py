@@ -1,0 +1,67 @@
+"""`journal="off"`: a session without a journal, for programs (and benchmarks) that
+accept dying with their controller, as in plain Monarch. Same interface as the
+journal's leadership and writer; nothing is stored, nobody stands by."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class NoJournal:
+    url = "off"
+
+    def campaign(self, session: str, holder: str, **_: Any) -> NoLeadership:
+        return NoLeadership(session, holder)
+
+    def read(self, session: str, start_lsn: int = 0) -> Iterator[Any]:
+        return iter(())
+
+    def read_checkpoint(self, session: str) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class NoLeadership:
+    epoch = 1
+    next_lsn = 0
+
+    def __init__(self, session: str, holder: str):
+        self.session = session
+        self.holder = holder
+
+    def on_lost(self, cb: Callable[[str], None]) -> None:
+        pass
+
+    def checkpoint(self, data: dict, *, lsn: int | None = None) -> None:
+        pass
+
+    def resign(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class NoWriter:
+    """Every record is 'durable' the moment it is submitted: there is nothing to wait for."""
+
+    def __init__(self, lead: Any = None):
+        self._lsn = itertools.count()
+        self.durable_lsn = -1
+
+    def submit(self, kind: str, data: dict) -> int:
+        self.durable_lsn = next(self._lsn)
+        return self.durable_lsn
+
+    def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
+        pass
+
+    def flush(self, timeout: float | None = None) -> int:
+        return self.durable_lsn
+
+    def close(self) -> None:
+        pass
