@@ -124,6 +124,13 @@ class Leadership:
         )
         self._thread.start()
 
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else "released" if self._released else "held"
+        return (
+            f"Leadership(session={self.session!r}, holder={self.holder!r}, epoch={self.epoch}, "
+            f"next_lsn={self._next_lsn}, {state})"
+        )
+
     @property
     def session(self) -> str:
         return self._grant.session
