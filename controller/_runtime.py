@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -42,7 +42,10 @@ class ProcRef:
     host: str
     alive: bool = True
     death: str = ""
-    pending: set = field(default_factory=set)
+    key: str = ""  # stable across replacements: calls target it, deaths are matched by it
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.id
 
 
 class Runtime:
@@ -69,6 +72,7 @@ class Runtime:
         self.durable_through: Callable[[], int] | None = None
         self.record_result: Callable[[PendingCall, int, Outcome], None] | None = None
         self.fenced: str | None = None
+        self.orphan_timeout_s: float | None = None
         self._io = threading.Thread(target=self._io_loop, name=f"regent-io-{session}", daemon=True)
         self._io.start()
 
@@ -145,7 +149,11 @@ class Runtime:
             log.warning("dropped malformed message", error=str(e))
             return
         if kind is Kind.RESULT:
-            self._on_result(meta, payload)
+            fut = self._requests.get(meta.get("n")) if "n" in meta else None
+            if fut is not None:  # an answer to a supervisor's request, not a program call
+                fut.set_result(meta)
+            else:
+                self._on_result(meta, payload)
         elif kind in (Kind.HOST_REP, Kind.PONG):
             fut = self._requests.get(meta.get("n"))
             if fut is not None:
@@ -181,7 +189,7 @@ class Runtime:
         proc.alive = False
         proc.death = reason
         with self.lock:
-            hit = self.core.on_proc_died(proc.id, reason)
+            hit = self.core.on_proc_died(proc.key, reason)
         for call, point in hit:
             self._deliver(call, point, call.results[point])
         for cb in self._on_proc_death:
@@ -239,7 +247,8 @@ class Runtime:
         for host in list(self.hosts):
             if now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
                 self.outbox.peer(host).try_send(wire.encode(Kind.HOST_REQ, {
-                    "sid": self.session, "e": self.epoch, "op": "hello", "n": 0, "rt": self.reply_address}))
+                    "sid": self.session, "e": self.epoch, "op": "hello", "n": 0, "rt": self.reply_address,
+                    "orphan_s": self.orphan_timeout_s}))
         if self.hosts and now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
             self._last_hello = now
 

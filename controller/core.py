@@ -77,7 +77,7 @@ class ControllerCore:
                 if pid == proc_id and point not in call.results:
                     hit.append((call, point))
         for call, point in hit:
-            self.on_result(call.seq, point, Outcome("dead", {"em": reason}, []))
+            self.on_result(call.seq, point, Outcome("dead", {"em": reason, "pt": point}, []))
         return hit
 
     def finished(self, seq: int) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from controller.futures import Future, Point, ValueMesh, point_of
 from worker.actor import endpoint_names
+from worker.system import ProcGroup
 
 if TYPE_CHECKING:
     from controller._runtime import ProcRef
@@ -102,12 +103,43 @@ class ProcMesh:
     def procs(self) -> list[ProcRef]:
         return [self._procs[r] for r in self._view.ranks]
 
-    def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> ActorMesh:
-        """Create one actor per proc; returns when every actor's __init__ has run."""
-        return self._session._spawn_actors(self, name, actor_class, args, kwargs)
+    def spawn(self, name: str, actor_class: type, *args: Any, restart: Any = None, **kwargs: Any) -> ActorMesh:
+        """Create one actor per proc; returns when every actor's __init__ has run.
+
+        restart: a `RestartPolicy` (or "permanent" / "transient" / "temporary") to have
+        the mesh supervised; None leaves failed actors failed.
+        """
+        return self._session._spawn_actors(self, name, actor_class, args, kwargs, restart)
 
     def stop(self) -> None:
         self._session._stop_procs(self)
+
+    def init_process_group(self, backend: str = "auto", timeout_s: float = 300.0) -> str:
+        """Join this mesh's procs to one torch.distributed process group; returns the backend.
+
+        Rank = the proc's rank in this mesh; world size = its size; backend "auto" is
+        gloo on CPU procs and nccl (RCCL on ROCm) on GPU procs. The rendezvous is at
+        rank 0's host, on a port rank 0 picks. torch.distributed is per process, so
+        afterwards every actor on these procs can run collectives. The steps are
+        ordinary journaled calls to a system actor (`worker.system.ProcGroup`), so a
+        standby replays them and the procs, already in the group, are not asked twice.
+        """
+        taken = sum(1 for a in self._session._actor_names if a.startswith(_PROC_GROUP_PREFIX))
+        group = self.spawn(f"{_PROC_GROUP_PREFIX}{taken}", ProcGroup, len(self))
+        master_addr = _host_of(self.procs()[0].address)
+        rank0 = group.slice(**dict.fromkeys(group.dims, 0))
+        master_port = rank0.free_port.call_one(master_addr).get()
+        joined = group.join.call(master_addr, master_port, backend, timeout_s).get()
+        return joined.values()[0]
+
+
+_PROC_GROUP_PREFIX = "__regent_pg__"
+
+
+def _host_of(address: str) -> str:
+    """The host part of a proc's address: tcp://10.0.0.5:4411 -> 10.0.0.5, tcp://[::1]:4411 -> ::1."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return host.strip("[]")
 
 
 class ActorMesh:

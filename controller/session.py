@@ -39,10 +39,12 @@ from controller.replay import (
     PROCS,
     RESULT,
     START,
+    SUPERVISION,
     JournaledCall,
     NonDeterminismError,
     ReplayIndex,
 )
+from controller.supervisor import MeshState, Supervisor, policy_of
 from journal import GroupCommitWriter, LeadershipLost, open_journal
 from worker import _wire as wire
 from worker._wire import Kind
@@ -51,6 +53,7 @@ from worker.dedupe import LARGE_RESULT_BYTES
 from worker.errors import ActorError, DivergenceError, FencedError, SupervisionError
 from worker.host import ensure_local_host
 from worker.logsetup import configure_logging
+from worker.supervision import MeshSupervisor
 from worker.transport import PeerGone
 
 log = structlog.get_logger("regent.session")
@@ -72,13 +75,16 @@ class Session:
 
     journal: "etcd://host:port[,host:port]", "sqlite:///path.db", None for the
     embedded SQLite store in $REGENT_HOME, or "off" (no journal: no takeover).
+    orphan_timeout_s: how long host agents keep this session's procs when no controller
+    (primary or standby) contacts them (default $REGENT_ORPHAN_TIMEOUT_S or 300 s).
     links: optional routing of this controller's connections (chaos tests put a
     Toxiproxy proxy on every link): an object with connect(addr) and advertise(addr). lease_ttl_s: how long a dead primary
     holds leadership before a standby takes over.
     """
 
     def __init__(self, name: str, journal: str | None = None, *, lease_ttl_s: float | None = None,
-                 campaign_timeout: float | None = None, links: Any = None):
+                 campaign_timeout: float | None = None, links: Any = None,
+                 orphan_timeout_s: float | None = None):
         if not name or "/" in name or len(name) > 128:
             raise ValueError(f"session name {name!r} must be 1..128 characters without '/'")
         configure_logging(only_if_unconfigured=True)
@@ -108,6 +114,9 @@ class Session:
         self.runtime = Runtime(self.sid, self.epoch, self.core, links)
         self.runtime.record_result = self._record_result
         self.runtime.durable_through = self._durable_through
+        self.runtime.orphan_timeout_s = orphan_timeout_s
+        self._supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
+                                      _sys_path())
         self._marks: collections.deque = collections.deque()
         self._safe_through = -1
         self._hosts: list[str] = []
@@ -167,6 +176,7 @@ class Session:
         except LeadershipLost:
             deposed = True
         finally:
+            self._supervisor.close()
             self.runtime.close()
             try:
                 self.writer.close()
@@ -232,9 +242,12 @@ class Session:
             else:
                 data["big"] = [wire.digest(outcome.frames), size]
         else:
-            data["x"] = {k: outcome.meta[k] for k in ("et", "em", "tb", "pid") if k in outcome.meta}
+            data["x"] = {k: outcome.meta[k] for k in ("et", "em", "tb", "pid", "normal") if k in outcome.meta}
         # A supervision failure may differ between runs: durable before it is seen (invariant 4).
-        durable = outcome.status == "dead"
+        durable = outcome.status in ("dead", "exit")
+        if outcome.status == "exit":
+            self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
+                                    abnormal=not outcome.meta.get("normal"))
         try:
             lsn = self.writer.submit(RESULT, data)
             if durable:
@@ -426,7 +439,8 @@ class Session:
             self.core.finished(seq)
         return ProcMesh(self, procs, View.full({"hosts": len(hosts), dim: count}))
 
-    def _spawn_actors(self, mesh: ProcMesh, name: str, cls: type, args: tuple, kwargs: dict) -> ActorMesh:
+    def _spawn_actors(self, mesh: ProcMesh, name: str, cls: type, args: tuple, kwargs: dict,
+                      restart: Any = None) -> ActorMesh:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"actor mesh name {name!r} must be a non-empty string")
         if name in self._actor_names:
@@ -440,8 +454,16 @@ class Session:
         metas = [{"co": dict(point_of(dims, rank))} for rank in range(len(procs))]
         self._issue_call(Kind.SPAWN, "spawn", name, "__init__", frames, digest, procs,
                          tuple(range(len(procs))), sink, metas)
-        sink.future.get()
+        policy = policy_of(restart)
+        try:
+            sink.future.get()
+        except SupervisionError:
+            if policy is None:
+                raise  # unsupervised: a member that is gone stays gone
         self._actor_names.add(name)
+        self._supervisor.register(MeshState(
+            name, procs, dims, frames, MeshSupervisor(name, len(procs), policy) if policy else None,
+            coords=metas))
         return ActorMesh(self, name, cls, procs, dims)
 
     def _stop_actors(self, mesh: ActorMesh) -> None:
@@ -476,7 +498,17 @@ class Session:
         sink.decode = self._decode
         if isinstance(sink, GatherSink):
             sink.future._on_get = partial(self._get, seq)
-        targets = {r: procs[r].id for r in ranks}
+        # Members that are restarting are waited for before anything is recorded as sent.
+        unavailable: dict[int, str] = {}
+        mesh_state = self._supervisor.meshes.get(actor) if wire_kind is Kind.CALL else None
+        if mesh_state is not None and mesh_state.supervisor is not None:
+            for r in ranks:
+                if jc is None or r not in jc.results or "big" in jc.results[r]:
+                    try:
+                        mesh_state.wait_ready(r)
+                    except SupervisionError as e:
+                        unavailable[r] = str(e)
+        targets = {r: procs[r].key for r in ranks}
         with self.runtime.lock:
             call = self.core.expect(seq, kind, actor, method, targets, sink)
         sink.call = call
@@ -493,6 +525,9 @@ class Session:
                 continue
             if jc is not None:
                 self.stats["resent"] += 1
+            if r in unavailable:
+                self.runtime.deliver_local(call, r, Outcome("dead", {"em": unavailable[r], "pt": r}, []))
+                continue
             base["pt"] = r
             if metas:
                 base.update(metas[r])
@@ -503,7 +538,7 @@ class Session:
         try:
             self.runtime.send_to_proc(proc, msg)
         except PeerGone as e:
-            self.runtime.deliver_local(call, rank, Outcome("dead", {"em": str(e)}, []))
+            self.runtime.deliver_local(call, rank, Outcome("dead", {"em": str(e), "pt": rank}, []))
 
     def _get(self, seq: int, fut: Future, timeout: float | None) -> None:
         """Future.get for calls: a timeout the program saw is journaled, and replayed."""
@@ -526,7 +561,7 @@ class Session:
         who = f"{call.actor}[{meta.get('pt', '?')}]"
         if st == "err":
             raise ActorError(who, call.method, str(meta.get("et")), str(meta.get("em")), str(meta.get("tb", "")))
-        if st in ("dead", "noactor"):
+        if st in ("dead", "noactor", "exit"):
             raise SupervisionError(f"{who}.{call.method} failed: {meta.get('em')}", actor=who, reason=st)
         if st == "fenced":
             raise LeadershipLost(f"{who} refused {call.method}: {meta.get('em')}")
@@ -542,7 +577,7 @@ class Session:
             load = dict.fromkeys(live, 0)
             for call in self.core.calls.values():
                 for r, pid in call.targets.items():
-                    if r in load and mesh._procs[r].id == pid and r not in call.results:
+                    if r in load and mesh._procs[r].key == pid and r not in call.results:
                         load[r] += 1
         low = min(load.values())
         best = [r for r in live if load[r] == low]

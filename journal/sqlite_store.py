@@ -7,6 +7,7 @@ per-session counter that only grows. Every write checks the leader row inside th
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -70,7 +71,12 @@ class SqliteStore:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
+        # WAL + NORMAL: a commit survives the process being killed (it is in the OS page
+        # cache) but not a power cut; REGENT_SQLITE_SYNC=FULL adds an fsync per commit.
+        # Short commits matter here: a writer paused (SIGSTOP) inside a transaction holds
+        # the file's write lock, and every standby waits until it resumes or dies.
+        sync = os.environ.get("REGENT_SQLITE_SYNC", "NORMAL").upper()
+        conn.execute(f"PRAGMA synchronous = {'FULL' if sync == 'FULL' else 'NORMAL'}")
         self._local.conn = conn
         with self._lock:
             self._all.append(conn)

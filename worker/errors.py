@@ -62,3 +62,13 @@ class DivergenceError(RegentError):
 
 class ProtocolError(RegentError):
     """A frame could not be parsed (garbage, truncated, oversized, wrong version)."""
+
+
+class ActorExit(Exception):  # noqa: N818 - a way out, like SystemExit
+    """Raised by an endpoint to stop its actor. normal=False (the default) is an
+    abnormal exit: the mesh's restart policy decides what happens next."""
+
+    def __init__(self, reason: str = "", normal: bool = False):
+        self.reason = reason
+        self.normal = normal
+        super().__init__(reason)

@@ -51,7 +51,7 @@ class _SpawnRequest:
     sid: str
     seq: int
     procs: list[_Proc]
-    waiters: list[str]
+    waiters: list[tuple[str, object]]
     started: float
     answered: dict | None = None
 
@@ -63,6 +63,7 @@ class _SessionState:
     procs: dict[str, _Proc] = field(default_factory=dict)
     spawns: dict[int, _SpawnRequest] = field(default_factory=dict)
     last_contact: float = field(default_factory=time.monotonic)
+    orphan_timeout_s: float = field(default_factory=lambda: float(os.environ.get("REGENT_ORPHAN_TIMEOUT_S", "300")))
 
 
 class HostAgent:
@@ -94,6 +95,7 @@ class HostAgent:
                 else:
                     self._reap(sock_or_fd)
             self._check_spawn_timeouts()
+            self._stop_orphans()
             if self._idle():
                 log.info("host agent idle, exiting", idle_s=self.idle_exit_s)
                 break
@@ -152,6 +154,9 @@ class HostAgent:
                 "em": f"epoch {epoch} is below {state.fence.epoch}: this controller was deposed"}))
             return
         state.last_contact = time.monotonic()
+        orphan = meta.get("orphan_s")
+        if isinstance(orphan, int | float) and orphan > 0:
+            state.orphan_timeout_s = float(orphan)
         if op == "hello":
             # The newest controller of a session replaces the older ones as event subscriber.
             state.controllers = {rt}
@@ -159,6 +164,8 @@ class HostAgent:
         elif op == "spawn_procs":
             state.controllers.add(rt)
             self._on_spawn(sid, state, meta, rt)
+        elif op == "respawn_proc":
+            self._on_respawn(sid, state, meta, rt)
         elif op == "stop_session":
             self._stop_session(sid)
             self._reply(rt, sid, n)
@@ -195,6 +202,13 @@ class HostAgent:
             else:
                 req.waiters.append((rt, meta.get("n")))
             return
+        try:  # a device binding this host cannot give fails the request before any proc starts
+            for e in envs[:count]:
+                _bound_env({**os.environ, **{k: str(v) for k, v in e.items() if isinstance(k, str)}})
+        except ValueError as e:
+            self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": meta.get("n"), "st": "err", "s": seq,
+                                                       "em": f"cannot bind procs to devices on this host: {e}"}))
+            return
         first = len(state.procs)
         procs = []
         for i in range(count):
@@ -204,8 +218,7 @@ class HostAgent:
 
     def _start_proc(self, sid: str, state: _SessionState, index: int, extra_env: dict, path: list) -> _Proc:
         proc_id = f"{self.host_id}-{sid[:16]}-{index}-{uuid.uuid4().hex[:6]}"
-        env = dict(os.environ)
-        env.update(extra_env)
+        env = _bound_env({**os.environ, **extra_env})
         pypath = [p for p in path if isinstance(p, str)] + env.get("PYTHONPATH", "").split(os.pathsep)
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in pypath if p))
         popen = subprocess.Popen(
@@ -241,6 +254,33 @@ class HostAgent:
         for rt, n in req.waiters:
             self._send(rt, wire.encode(Kind.HOST_REP, {**req.answered, "n": n}))
         req.waiters = []
+
+    def _on_respawn(self, sid: str, state: _SessionState, meta: dict, rt: str) -> None:
+        """A supervisor replaces a dead proc: same index, fresh process, answered when ready."""
+        old = wire.require(meta, "old", str)
+        n = meta.get("n")
+        key = -abs(hash(("respawn", old))) - 1
+        req = state.spawns.get(key)
+        if req is not None:
+            if req.answered is not None:
+                self._send(rt, wire.encode(Kind.HOST_REP, {**req.answered, "n": n}))
+            else:
+                req.waiters.append((rt, n))
+            return
+        index = wire.require(meta, "idx", int)
+        env = {k: str(v) for k, v in (meta.get("env") or {}).items() if isinstance(k, str)}
+        proc = self._start_proc(sid, state, index, env, meta.get("path") or [])
+        state.spawns[key] = _SpawnRequest(sid, key, [proc], [(rt, n)], time.monotonic())
+
+    def _stop_orphans(self) -> None:
+        """A session no controller has contacted for its orphan timeout holds resources for
+        nobody: stop its procs. Failovers are far shorter than the timeout."""
+        now = time.monotonic()
+        for sid, state in list(self.sessions.items()):
+            if state.procs and now - state.last_contact > state.orphan_timeout_s:
+                log.warning("no controller contacted this session; stopping its procs as orphans",
+                            session=sid, silent_s=round(now - state.last_contact, 1))
+                self._stop_session(sid)
 
     def _check_spawn_timeouts(self) -> None:
         now = time.monotonic()
@@ -284,6 +324,24 @@ class HostAgent:
             self.by_pidfd.pop(p.pidfd, None)
             os.close(p.pidfd)
         log.info("session stopped", session=sid, procs=len(live))
+
+
+def _bound_env(env: dict[str, str]) -> dict[str, str]:
+    """A proc's environment with its device binding: proc i of a {"gpus": N} mesh sees GPU i
+    of this host only (hipcore.binding, docs/hipcore.md). Other meshes are left unbound.
+    Raises ValueError when this host cannot give the proc its GPU."""
+    if env.get("REGENT_PROC_DIM") != "gpus":
+        return env
+    from hipcore import backend, binding  # imported once a mesh asks for GPUs: plain agents skip it
+
+    rank = env.get("REGENT_PROC_RANK", "")
+    if not rank.isdigit():
+        raise ValueError(f"REGENT_PROC_RANK={rank!r} is not a proc rank")
+    info = backend()
+    if info.is_gpu and binding.VISIBLE_DEVICES_ENV[info.name] not in env and int(rank) >= info.device_count:
+        raise ValueError(f"proc {rank} needs GPU {rank}, but this host has {info.device_count} "
+                         f"{info.name} GPU(s); spawn at most {info.device_count} procs per host")
+    return binding.child_env(env, int(rank), 1)
 
 
 def _signal(popen: subprocess.Popen, sig: int) -> None:

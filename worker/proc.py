@@ -27,7 +27,7 @@ from worker._wire import Kind
 from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
 from worker.classref import load_class
 from worker.dedupe import DedupeCache
-from worker.errors import DivergenceError, ProtocolError
+from worker.errors import ActorExit, DivergenceError, ProtocolError
 from worker.fencing import EpochFence
 from worker.security import load_credentials, stop_authenticator
 from worker.transport import Inbox, Outbox, valid_address
@@ -221,6 +221,9 @@ class ProcRuntime:
                 args, kwargs = wire.loads(payload)
                 slot.executions += 1
                 value = fn(*args, **kwargs)
+            except ActorExit as e:
+                self._exit(slot, seq, point, e)
+                return
             except BaseException as e:  # noqa: BLE001 - everything raised by user code goes back
                 if isinstance(e, SystemExit | KeyboardInterrupt):
                     raise
@@ -237,6 +240,9 @@ class ProcRuntime:
             args, kwargs = wire.loads(payload)
             slot.executions += 1
             value = await fn(*args, **kwargs)
+        except ActorExit as e:
+            self._exit(slot, seq, point, e)
+            return
         except Exception as e:
             self._finish_error(seq, slot.name, point, e)
         else:
@@ -244,6 +250,23 @@ class ProcRuntime:
         finally:
             _current.reset(token)
         self._drain(slot)
+
+    def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit) -> None:
+        """The actor stopped itself: this call reports it, queued calls fail, the actor is gone."""
+        kind = "normal" if e.normal else "abnormal"
+        self._finish(seq, slot.name, point, "exit", em=f"actor {slot.name} stopped ({kind}): {e.reason}",
+                     normal=e.normal)
+        self._retire(slot, f"actor {slot.name} stopped ({kind}) before running this call")
+
+    def _retire(self, slot: _Slot, why: str) -> None:
+        """Remove an actor; whatever waits in its mailbox fails as a supervision error."""
+        if self.actors.get(slot.name) is slot:
+            del self.actors[slot.name]
+        slot.busy = False
+        while slot.mailbox:
+            seq, point, _, _ = slot.mailbox.popleft()
+            self._finish(seq, slot.name, point, "dead", em=why)
+        self._cleanup(slot)
 
     def _finish_value(self, seq: int, actor: str, point: int, value: Any) -> None:
         try:
@@ -275,6 +298,9 @@ class ProcRuntime:
     # --- spawn / stop ------------------------------------------------------------
 
     def _on_spawn(self, meta: dict, payload: list, rt: str | None) -> None:
+        if meta.get("restart"):
+            self._on_restart(meta, payload, rt)
+            return
         admitted = self._admit(meta, rt)
         if admitted is None:
             return
@@ -296,6 +322,40 @@ class ProcRuntime:
             self._cleanup(self.actors.pop(actor))
         self.actors[actor] = _Slot(actor, instance, endpoint_names(cls), ctx)
         self._finish(seq, actor, point, "ok", pid=os.getpid())
+
+    def _on_restart(self, meta: dict, payload: list, rt: str | None) -> None:
+        """A supervisor rebuilds an actor (new incarnation) from its original spawn arguments."""
+        actor = wire.require(meta, "a", str)
+        point = wire.require(meta, "pt", int)
+        inc = wire.require(meta, "inc", int)
+        n = meta.get("n")
+        old = self.actors.get(actor)
+        if old is not None and old.ctx.incarnation >= inc:
+            if rt:
+                self._reply(rt, Kind.RESULT, {"sid": self.session, "s": -1, "a": actor, "pt": point, "st": "ok",
+                                              "n": n, "pid": os.getpid(), "inc": old.ctx.incarnation})
+            return
+        if old is not None:
+            self._retire(old, f"actor {actor} was restarted (incarnation {inc}) before running this call")
+        ctx = ActorContext(mesh=actor, rank=point, point=dict(meta.get("co") or {}), proc_index=self.index,
+                           incarnation=inc)
+        token = _current.set(ctx)
+        try:
+            ref, args, kwargs = wire.loads(payload)
+            cls = load_class(ref)
+            instance = cls(*args, **kwargs)
+        except Exception as e:
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            if rt:
+                self._reply(rt, Kind.RESULT, {"sid": self.session, "s": -1, "a": actor, "pt": point, "st": "err",
+                                              "n": n, "et": type(e).__qualname__, "em": str(e)[:4000], "tb": tb[-16000:]})
+            return
+        finally:
+            _current.reset(token)
+        self.actors[actor] = _Slot(actor, instance, endpoint_names(cls), ctx)
+        if rt:
+            self._reply(rt, Kind.RESULT, {"sid": self.session, "s": -1, "a": actor, "pt": point, "st": "ok",
+                                          "n": n, "pid": os.getpid(), "inc": inc})
 
     def _on_stop(self, meta: dict, rt: str | None) -> None:
         admitted = self._admit(meta, rt)

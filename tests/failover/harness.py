@@ -80,7 +80,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while f"step {step}\n" not in log.read_text():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"controller {n} did not reach step {step}\n{self.log_tail()}")
+                raise TimeoutError(f"controller {pid} did not reach step {step}\n{self.log_tail()}")
             time.sleep(0.005)
 
     def by_pid(self, pid: int) -> subprocess.Popen:

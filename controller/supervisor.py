@@ -1,0 +1,220 @@
+"""The controller side of supervision: it hears of failures, asks each mesh's
+`MeshSupervisor` what to do, and carries the decision out (a replacement proc from
+the host agent, the actor rebuilt from its original spawn arguments).
+
+Restarts run on the supervisor's own thread, since they wait on host agents and
+procs; the IO thread only queues failures. Calls issued while an actor restarts
+wait for it (bounded by the policy's restart_timeout_s); every supervision event
+is journaled.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from controller.futures import Future
+from worker import _wire as wire
+from worker._wire import Kind
+from worker.errors import SupervisionError
+from worker.supervision import MeshSupervisor, RestartPolicy
+from worker.transport import PeerGone
+
+if TYPE_CHECKING:
+    from controller._runtime import ProcRef, Runtime
+
+log = structlog.get_logger("regent.supervisor")
+
+
+@dataclass
+class MeshState:
+    """What the session remembers of a spawned actor mesh, to rebuild its members."""
+
+    name: str
+    procs: list[ProcRef]
+    dims: dict[str, int]
+    frames: list  # the original spawn payload: class reference, args, kwargs
+    supervisor: MeshSupervisor | None
+    ready: dict[int, threading.Event] = field(default_factory=dict)
+    coords: list[dict] = field(default_factory=list)
+
+    def wait_ready(self, rank: int) -> None:
+        """Block a call while its actor restarts; raise if the mesh has escalated."""
+        sup = self.supervisor
+        if sup is not None and sup.escalated:
+            raise SupervisionError(sup.escalated, actor=f"{self.name}[{rank}]", reason="escalated")
+        ev = self.ready.get(rank)
+        if ev is not None and not ev.is_set():
+            timeout = sup.policy.restart_timeout_s if sup else 30.0
+            if not ev.wait(timeout):
+                raise SupervisionError(
+                    f"{self.name}[{rank}] did not come back from a restart within {timeout:g} s",
+                    actor=f"{self.name}[{rank}]", reason="restart-timeout")
+            if sup is not None and sup.escalated:
+                raise SupervisionError(sup.escalated, actor=f"{self.name}[{rank}]", reason="escalated")
+
+
+class Supervisor:
+    def __init__(self, runtime: Runtime, record: Any, sid: str, path: list[str]):
+        self.runtime = runtime
+        self.record = record  # (kind, data) -> None: journals a supervision event
+        self.sid = sid
+        self.path = path
+        self.meshes: dict[str, MeshState] = {}
+        self.events: list[dict] = []
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"regent-supervisor-{sid}", daemon=True)
+        self._thread.start()
+        runtime.on_proc_death(self._on_proc_death)
+
+    def register(self, state: MeshState) -> None:
+        self.meshes[state.name] = state
+        for rank in range(len(state.procs)):
+            state.ready[rank] = threading.Event()
+            state.ready[rank].set()
+        for rank, proc in enumerate(state.procs):
+            if not proc.alive:  # it died while no controller was looking (a takeover)
+                self.failed(state.name, rank, proc.death or "proc is gone", abnormal=True)
+
+    # --- failures (any thread) --------------------------------------------------------
+
+    def _on_proc_death(self, proc: ProcRef) -> None:
+        for state in list(self.meshes.values()):
+            for rank, p in enumerate(state.procs):
+                if p is proc:
+                    self.failed(state.name, rank, proc.death, abnormal=True)
+
+    def failed(self, mesh: str, rank: int, reason: str, abnormal: bool) -> None:
+        state = self.meshes.get(mesh)
+        if state is None or state.supervisor is None:
+            return
+        state.ready[rank].clear()  # calls wait until the supervisor decides
+        self._queue.put((mesh, rank, reason, abnormal))
+
+    def _event(self, ev: str, **data: Any) -> None:
+        entry = {"ev": ev, "t": time.time(), **data}
+        self.events.append(entry)
+        try:
+            self.record(entry)
+        except Exception as e:  # deposed: the event is lost with our leadership
+            log.warning("could not journal a supervision event", error=str(e))
+
+    # --- the supervisor thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            try:
+                self._handle(*item)
+            except Exception:
+                log.exception("supervisor failed to handle a failure", mesh=item[0], rank=item[1])
+
+    def _handle(self, mesh: str, rank: int, reason: str, abnormal: bool) -> None:
+        state = self.meshes[mesh]
+        sup = state.supervisor
+        self._event("failure", mesh=mesh, rank=rank, reason=reason, abnormal=abnormal)
+        decision = sup.on_failure(rank, reason, abnormal, time.monotonic())
+        if decision.action == "ignore":
+            if sup.escalated is None:
+                state.ready[rank].set()  # not restarted: calls go through and fail there
+            else:
+                self._release(state)
+            return
+        if decision.action == "escalate":
+            self._event("escalation", mesh=mesh, report=decision.report)
+            log.error("supervision escalated to the program", mesh=mesh, report=decision.report)
+            self._release(state)
+            return
+        for r in decision.ranks:
+            state.ready[r].clear()
+        time.sleep(decision.delay_s)
+        failed_again = None
+        for r in decision.ranks:
+            try:
+                self._restart_member(state, r, sup.incarnation.get(r, 1))
+            except Exception as e:
+                failed_again = (r, str(e))
+                break
+        if failed_again is not None:
+            self.failed(mesh, failed_again[0], failed_again[1], abnormal=True)
+            return
+        self._event("restart", mesh=mesh, ranks=list(decision.ranks),
+                    incarnation=[sup.incarnation.get(r) for r in decision.ranks], delay_s=decision.delay_s)
+        for r in decision.ranks:
+            state.ready[r].set()
+
+    def _release(self, state: MeshState) -> None:
+        for ev in state.ready.values():
+            ev.set()
+
+    def _restart_member(self, state: MeshState, rank: int, incarnation: int) -> None:
+        proc = state.procs[rank]
+        if not proc.alive:
+            self._replace_proc(proc)
+            # Everything that lived on the old process is rebuilt there, mesh by mesh.
+            for other in self.meshes.values():
+                if other is not state and other.supervisor is not None:
+                    for r, p in enumerate(other.procs):
+                        if p is proc:
+                            self.failed(other.name, r, f"its proc {proc.id} was replaced", abnormal=True)
+        self._spawn(state, rank, incarnation)
+
+    def _replace_proc(self, proc: ProcRef) -> None:
+        reply = self.runtime.host_request(proc.host, "respawn_proc", old=proc.id, idx=proc.index,
+                                          env={"REGENT_PROC_RANK": str(proc.index)}, path=self.path)
+        if reply.get("st") != "ok":
+            raise SupervisionError(f"host agent could not replace proc {proc.id}: {reply.get('em')}")
+        (new,) = reply["procs"]
+        old_id = proc.id
+        self.runtime.procs.pop(old_id, None)
+        proc.id, proc.address, proc.pid = new["id"], new["addr"], new["pid"]
+        proc.alive, proc.death = True, ""
+        self.runtime.procs[proc.id] = proc
+        self._event("proc_replaced", old=old_id, new=proc.id, pid=proc.pid)
+
+    def _spawn(self, state: MeshState, rank: int, incarnation: int) -> None:
+        proc = state.procs[rank]
+        n = next(self.runtime._req_ids)
+        fut: Future = Future()
+        self.runtime._requests[n] = fut
+        meta = {"sid": self.sid, "e": self.runtime.epoch, "s": -1, "a": state.name, "m": "__init__",
+                "d": b"", "rt": self.runtime.reply_address, "pt": rank, "co": state.coords[rank],
+                "restart": True, "inc": incarnation, "n": n}
+        try:
+            self.runtime.send_to_proc(proc, wire.encode(Kind.SPAWN, meta, state.frames))
+            timeout = state.supervisor.policy.restart_timeout_s
+            if not fut.wait(timeout):
+                raise SupervisionError(f"{state.name}[{rank}] restart got no answer within {timeout:g} s")
+        except PeerGone as e:
+            raise SupervisionError(f"{state.name}[{rank}] restart failed: {e}") from None
+        finally:
+            self.runtime._requests.pop(n, None)
+        reply = fut.get()
+        if reply.get("st") != "ok":
+            raise SupervisionError(
+                f"{state.name}[{rank}].__init__ raised {reply.get('et')}: {reply.get('em')} (incarnation {incarnation})")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+
+def policy_of(restart: RestartPolicy | str | None) -> RestartPolicy | None:
+    """restart= accepts a RestartPolicy, a restart type name, or None (no supervision)."""
+    if restart is None or isinstance(restart, RestartPolicy):
+        return restart
+    if isinstance(restart, str):
+        return RestartPolicy(restart=restart)  # type: ignore[arg-type]
+    raise TypeError(f"restart= takes a RestartPolicy or 'permanent'/'transient'/'temporary', not {restart!r}")

@@ -1,0 +1,168 @@
+"""OTP-style supervision with real process deaths: restart types x strategies,
+intensity and escalation, backoff, __init__ failures, orphaned sessions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from controller import Session, SupervisionError
+from worker import Actor, context, endpoint
+from worker.errors import ActorExit
+from worker.supervision import RestartPolicy
+
+
+class Member(Actor):
+    def __init__(self, flag: str = "") -> None:
+        if flag and context().incarnation > 0 and Path(flag).exists():
+            raise RuntimeError("cannot start: flag file present")
+        self.calls = 0
+
+    @endpoint
+    def info(self) -> tuple[int, int]:
+        self.calls += 1
+        return os.getpid(), context().incarnation
+
+    @endpoint
+    def exit_process(self) -> None:
+        os._exit(7)
+
+    @endpoint
+    def quit(self, normal: bool) -> None:
+        raise ActorExit("asked to stop", normal=normal)
+
+
+def _retry_info(mesh, rank: int, timeout: float = 10.0):
+    """The first successful call after a failure (calls in flight at the crash may fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return mesh.slice(procs=rank).info.call_one().get(timeout=timeout)
+        except SupervisionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _kill(mesh, rank: int) -> int:
+    pid = mesh.slice(procs=rank).info.call_one().get()[0]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.mark.parametrize("strategy", ["one_for_one", "one_for_all"])
+@pytest.mark.parametrize("restart", ["permanent", "transient", "temporary"])
+def test_a_sigkilled_proc_is_handled_per_restart_type_and_strategy(restart, strategy):
+    with Session(f"kill-{restart}-{strategy}") as s:
+        mesh = s.spawn_procs(per_host={"procs": 3}).spawn(
+            "m", Member, restart=RestartPolicy(restart=restart, strategy=strategy))
+        before = mesh.info.call().get().values()
+        victim = _kill(mesh, 1)
+        if restart == "temporary":
+            time.sleep(0.5)
+            with pytest.raises(SupervisionError):
+                mesh.slice(procs=1).info.call_one().get(timeout=5)
+            # The others are untouched whatever the strategy: nothing restarts.
+            assert [mesh.slice(procs=r).info.call_one().get() for r in (0, 2)] == [before[0], before[2]]
+            return
+        pid, inc = _retry_info(mesh, 1)
+        assert pid != victim and inc == 1
+        time.sleep(0.2)
+        after = mesh.info.call().get(timeout=10).values()
+        if strategy == "one_for_all":
+            # Every member is a fresh instance; the survivors' processes were kept.
+            assert [i for _, i in after] == [1, 1, 1]
+            assert [after[0][0], after[2][0]] == [before[0][0], before[2][0]]
+        else:
+            assert after[0] == before[0] and after[2] == before[2]
+        events = [e["ev"] for e in s._supervisor.events]
+        assert "failure" in events and "restart" in events
+
+
+@pytest.mark.parametrize("restart", ["permanent", "transient", "temporary"])
+def test_an_endpoint_calling_os_exit_fails_its_call_then_the_policy_applies(restart):
+    with Session(f"exit-{restart}") as s:
+        mesh = s.spawn_procs(per_host={"procs": 2}).spawn("m", Member, restart=restart)
+        with pytest.raises(SupervisionError, match="exited with status 7"):
+            mesh.slice(procs=0).exit_process.call_one().get(timeout=10)
+        if restart == "temporary":
+            time.sleep(0.3)
+            with pytest.raises(SupervisionError):
+                mesh.slice(procs=0).info.call_one().get(timeout=5)
+        else:
+            assert _retry_info(mesh, 0)[1] == 1
+
+
+@pytest.mark.parametrize("normal", [True, False])
+@pytest.mark.parametrize("restart", ["permanent", "transient"])
+def test_an_actor_stopping_itself_restarts_unless_transient_and_normal(restart, normal):
+    with Session(f"stop-{restart}-{normal}") as s:
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("m", Member, restart=restart)
+        pid = mesh.info.call_one().get()[0]
+        with pytest.raises(SupervisionError, match="stopped"):
+            mesh.quit.call_one(normal).get(timeout=10)
+        time.sleep(0.3)
+        if restart == "transient" and normal:
+            with pytest.raises(SupervisionError):
+                mesh.info.call_one().get(timeout=5)
+        else:
+            # Actor-level restart inside the live proc: same process, new incarnation.
+            assert _retry_info(mesh, 0) == (pid, 1)
+
+
+def test_an_exception_in_init_on_restart_counts_as_a_failure_and_escalates(tmp_path):
+    flag = tmp_path / "broken"
+    with Session("init-fails") as s:
+        mesh = s.spawn_procs(per_host={"procs": 2}).spawn(
+            "m", Member, str(flag), restart=RestartPolicy(max_restarts=2, window_s=30, backoff_initial_s=0.01))
+        flag.touch()
+        _kill(mesh, 0)
+        deadline = time.monotonic() + 20
+        while not s._supervisor.meshes["m"].supervisor.escalated:
+            assert time.monotonic() < deadline, s._supervisor.events
+            time.sleep(0.05)
+        with pytest.raises(SupervisionError, match="exceeded its restart intensity") as info:
+            mesh.slice(procs=1).info.call_one().get(timeout=5)
+        assert "__init__ raised RuntimeError" in str(info.value)
+
+
+def test_intensity_exceeded_escalates_to_the_program_without_a_restart_storm():
+    with Session("storm") as s:
+        policy = RestartPolicy(max_restarts=2, window_s=30)
+        mesh = s.spawn_procs(per_host={"procs": 2}).spawn("m", Member, restart=policy)
+        for _ in range(3):
+            with pytest.raises(SupervisionError):
+                mesh.slice(procs=0).exit_process.call_one().get(timeout=10)
+            try:
+                _retry_info(mesh, 0, timeout=3)
+            except SupervisionError:
+                break
+        with pytest.raises(SupervisionError, match="exceeded its restart intensity") as info:
+            mesh.info.call().get(timeout=5)
+        report = str(info.value)
+        assert report.count("exited with status 7") == 3  # what failed, when, how often
+        time.sleep(0.5)
+        restarts = [e for e in s._supervisor.events if e["ev"] == "restart"]
+        assert len(restarts) == 2
+        journaled = [r.data for r in s.journal.read(s.name) if r.kind == "sup"]
+        assert [e["ev"] for e in journaled].count("escalation") == 1
+
+
+def test_backoff_spaces_consecutive_restarts():
+    with Session("backoff") as s:
+        policy = RestartPolicy(max_restarts=5, window_s=60, backoff_initial_s=0.2, backoff_jitter_s=0.0)
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("m", Member, restart=policy)
+        for _ in range(3):
+            with pytest.raises(SupervisionError):
+                mesh.quit.call_one(False).get(timeout=10)
+            _retry_info(mesh, 0)
+        delays = [e["delay_s"] for e in s._supervisor.events if e["ev"] == "restart"]
+        assert delays == pytest.approx([0.2, 0.4, 0.8], rel=0.05)
+        failures = [e["t"] for e in s._supervisor.events if e["ev"] == "failure"]
+        restarts = [e["t"] for e in s._supervisor.events if e["ev"] == "restart"]
+        for f, r, d in zip(failures, restarts, delays, strict=True):
+            assert r - f >= d
