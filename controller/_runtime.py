@@ -8,6 +8,7 @@ resolves futures. Nothing here decides what a call means; core.py does.
 from __future__ import annotations
 
 import itertools
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ class Runtime:
         self.epoch = epoch
         self.core = core
         self.lock = threading.Lock()  # guards core
+        self._drive = threading.Lock()  # whoever holds it reads the inbox
         self.ctx = zmq.Context()
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds)
@@ -122,25 +124,64 @@ class Runtime:
     # --- the IO thread ---------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        sock = self.inbox.sock
+        """Drain the inbox whenever no program thread is doing it (see wait_for)."""
+        fd = self.inbox.sock.getsockopt(zmq.FD)
         next_tick = time.monotonic()
         while not self._stop.is_set():
             try:
-                if sock.poll(50):
-                    for _ in range(4096):
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self._handle(frames)
+                select.select([fd], [], [], 0.01)
+                if self._drive.acquire(blocking=False):
+                    try:
+                        self._drain()
+                    finally:
+                        self._drive.release()
+                else:
+                    time.sleep(0.0005)  # a waiter is draining; it empties the inbox before letting go
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + WATERMARK_INTERVAL_S
                     self._tick(now)
-            except zmq.ContextTerminated:
-                return
+            except (zmq.ContextTerminated, ValueError, OSError):
+                if self._stop.is_set():
+                    return
+                log.exception("controller IO loop error (continuing)")
             except Exception:
                 log.exception("controller IO loop error (continuing)")
+
+    def _drain(self) -> None:
+        """Handle everything in the inbox. Caller holds the drive lock."""
+        sock = self.inbox.sock
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames)
+
+    def wait_for(self, fut: Future, timeout: float | None) -> bool:
+        """Wait for a future, reading the inbox on this thread when nobody else is: the
+        reply is then handled where it is awaited, with no hand-off from the IO thread."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sock = self.inbox.sock
+        while not fut.done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if self._stop.is_set() or not self._drive.acquire(blocking=False):
+                fut.wait(0.002 if remaining is None else min(remaining, 0.002))
+                continue
+            try:
+                while not fut.done():
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        break
+                    ms = 50 if remaining is None else max(0, min(50, int(remaining * 1000)))
+                    if sock.poll(ms):
+                        self._drain()
+            finally:
+                self._drain()
+                self._drive.release()
+        return True
 
     def _handle(self, frames: list) -> None:
         try:
@@ -255,6 +296,8 @@ class Runtime:
     def close(self) -> None:
         self._stop.set()
         self._io.join(timeout=2.0)
+        with self._drive:  # a waiter on another thread lets go of the socket first
+            pass
         self.outbox.close()
         self.inbox.close()
         stop_authenticator(self.ctx)

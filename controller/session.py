@@ -111,14 +111,14 @@ class Session:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         self.replaying = self._replay is not None and self._replay.max_seq >= 0
         self.core = ControllerCore(self.sid)
+        self._marks: collections.deque = collections.deque()
+        self._safe_through = -1
         self.runtime = Runtime(self.sid, self.epoch, self.core, links)
         self.runtime.record_result = self._record_result
         self.runtime.durable_through = self._durable_through
         self.runtime.orphan_timeout_s = orphan_timeout_s
         self._supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                       _sys_path())
-        self._marks: collections.deque = collections.deque()
-        self._safe_through = -1
         self._hosts: list[str] = []
         self._actor_names: set[str] = set()
         self._choose_rr = itertools.count()
@@ -207,7 +207,7 @@ class Session:
         hosts = {jc.value for jc in self._replay.calls.values() if jc.kind == "this_host"}
         for host in sorted(h for h in hosts if isinstance(h, str)):
             try:
-                reply = self.runtime.host_request(host, "hello", timeout=10.0)
+                reply = self.runtime.host_request(host, "hello", timeout=3.0)
             except TimeoutError:
                 log.warning("host agent from the journal did not answer", host=host)
                 continue
@@ -392,8 +392,19 @@ class Session:
         """The machine this controller runs on (the journal remembers which it was)."""
         if not self._hosts:
             host = self._value("this_host", ensure_local_host)
+            try:
+                self.runtime.host_request(host, "hello", timeout=3.0)
+            except TimeoutError:
+                # The journal's host agent is gone, and the procs it owned with it: work
+                # continues on this machine's agent, and calls whose results the journal
+                # lacks run again there (at-least-once, as for any dead process).
+                local = ensure_local_host()
+                if local == host:
+                    raise
+                log.warning("the journaled host agent is gone; using this machine's", was=host, now=local)
+                host = local
+                self.runtime.host_request(host, "hello", timeout=10.0)
             self.runtime.register_host(host)
-            self.runtime.host_request(host, "hello", timeout=10.0)
             self._hosts.append(host)
         return HostMesh(self, list(self._hosts))
 
@@ -547,7 +558,7 @@ class Session:
         if self._replay is not None and key in self._replay.obs:
             self._timeouts[seq] = n + 1
             raise TimeoutError(f"call seq {seq} not complete after {timeout} s (replayed)")
-        if fut.wait(timeout):
+        if self.runtime.wait_for(fut, timeout):
             return
         self._timeouts[seq] = n + 1
         self._submit(OBS, {"s": seq, "w": "timeout", "i": n, "v": timeout}, durable=True)
