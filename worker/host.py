@@ -332,12 +332,15 @@ def _bound_env(env: dict[str, str]) -> dict[str, str]:
     Raises ValueError when this host cannot give the proc its GPU."""
     if env.get("REGENT_PROC_DIM") != "gpus":
         return env
-    from hipcore import backend, binding  # imported once a mesh asks for GPUs: plain agents skip it
+    from hipcore import HipcoreError, backend, binding  # imported once a mesh asks for GPUs
 
     rank = env.get("REGENT_PROC_RANK", "")
     if not rank.isdigit():
         raise ValueError(f"REGENT_PROC_RANK={rank!r} is not a proc rank")
-    info = backend()
+    try:
+        info = backend()
+    except HipcoreError as e:  # e.g. REGENT_HIPCORE_BACKEND forces a GPU backend this host lacks
+        raise ValueError(str(e)) from e
     if info.is_gpu and binding.VISIBLE_DEVICES_ENV[info.name] not in env and int(rank) >= info.device_count:
         raise ValueError(f"proc {rank} needs GPU {rank}, but this host has {info.device_count} "
                          f"{info.name} GPU(s); spawn at most {info.device_count} procs per host")
