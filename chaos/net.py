@@ -77,6 +77,15 @@ class ChaosNet:
         log.info("link created", link=name, listen=proxy.listen, upstream=upstream)
         return proxy.listen
 
+    def adopt(self, name: str, proxy_name: str) -> str:
+        """Make the existing proxy ``proxy_name`` (created by another process, say a
+        controller routing its own connections) link ``name`` of this net; return its
+        'host:port'. Several names may share one proxy; close() deletes it once."""
+        proxy = self._api.proxy(proxy_name)
+        with self._lock:
+            self._links[name] = proxy
+        return proxy.listen
+
     def _proxy_name(self, name: str) -> str:
         base = self._prefix + _UNSAFE.sub("_", name)
         taken = {p.name for p in self._links.values()}
@@ -149,9 +158,11 @@ class ChaosNet:
     def remove(self, name: str) -> None:
         """Delete link ``name``'s proxy; its address stops answering."""
         proxy = self[name]
-        proxy.delete()
         with self._lock:
             del self._links[name]
+            shared = any(p.name == proxy.name for p in self._links.values())
+        if not shared:
+            proxy.delete()
 
     def close(self) -> None:
         """Delete every proxy this net created (the server itself keeps running)."""

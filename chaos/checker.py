@@ -1,0 +1,270 @@
+"""The chaos verdict: did the run keep regent's promises, whatever was done to it?
+
+From the journal (what the program issued and what it was told) and the actors' own
+execution ledger (chaos.ledger: what actually ran), the checker proves for every
+journaled endpoint call and every point it targeted that it ran exactly once, or at
+most once where the journal says the actor's process died (invariant 3) or the
+program gave up on it after its deadline. It also verifies the journal (invariant 7)
+and compares the program's results with a fault-free run's. Pure: it reads records
+and files, and drives nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.faults import FaultEvent
+from chaos.ledger import Execution
+
+__all__ = ["CALL_KINDS", "ChaosReport", "FaultEffect", "check_run", "percentile"]
+
+CALL_KINDS = ("call", "call_one", "choose", "stream", "broadcast")
+FAILED = ("dead", "exit", "noactor")  # the actor's process (or the actor) was gone
+CONTROLLER_FAULTS = ("controller", "controller->etcd")
+
+
+@dataclass
+class FaultEffect:
+    """One injected fault, when it happened (seconds from the run's start), and what it did."""
+
+    t_s: float
+    kind: str
+    target: str
+    detail: dict
+    effect: str
+
+    def line(self) -> str:
+        what = {k: v for k, v in self.detail.items() if k not in ("fault", "offset_s", "proxy", "toxic")}
+        extra = " ".join(f"{k}={v}" for k, v in what.items())
+        return f"{self.t_s:8.2f}s  {self.kind:<12} {self.target:<22} {extra[:60]:<60}  {self.effect}"
+
+
+@dataclass
+class ChaosReport:
+    session: str
+    points: int = 0  # (call, targeted actor) pairs checked
+    ran_once: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    unjournaled: list[str] = field(default_factory=list)  # executions no journaled call explains
+    failed_points: int = 0  # the actor's process died: at most once, and it did
+    timed_out_points: int = 0  # the program gave up after its deadline: at most once, and it did
+    timed_out_unexecuted: int = 0  # ... of which never ran
+    journal_ok: bool = False
+    journal_problems: list[str] = field(default_factory=list)
+    results_equal: bool = False
+    results_diff: str = ""
+    program_error: str = ""
+    retries: dict = field(default_factory=dict)
+    faults: list[FaultEffect] = field(default_factory=list)
+    failovers_s: list[float] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    @property
+    def injected(self) -> int:
+        """Faults injected: every kill, pause, partition and toxic (not their undoing)."""
+        return sum(1 for f in self.faults if f.kind in ("kill", "pause", "down", "toxic_add"))
+
+    @property
+    def ok(self) -> bool:
+        return (not self.lost and not self.duplicated and not self.unjournaled and self.journal_ok
+                and self.results_equal and not self.program_error)
+
+    def text(self) -> str:
+        verdict = "PASS" if self.ok else "FAIL"
+        lines = [
+            f"chaos run of session {self.session!r}: {verdict} ({self.duration_s:.1f} s, "
+            f"{self.injected} faults injected)",
+            f"  calls checked:   {self.points} (call, actor) points; {self.ran_once} ran exactly once",
+            f"  lost:            {len(self.lost)}",
+            f"  duplicated:      {len(self.duplicated)}",
+            f"  unjournaled:     {len(self.unjournaled)}",
+            f"  proc died:       {self.failed_points} points failed with SupervisionError (at most once each)",
+            f"  timed out:       {self.timed_out_points} points past their deadline "
+            f"({self.timed_out_unexecuted} never ran); the program issued them again",
+            f"  retries:         {self.retries}",
+            f"  journal verify:  {'ok' if self.journal_ok else '; '.join(self.journal_problems)}",
+            f"  results:         {'equal to the fault-free run' if self.results_equal else 'DIFFER: ' + self.results_diff}",
+        ]
+        if self.program_error:
+            lines.append(f"  program:         {self.program_error}")
+        if self.failovers_s:
+            lines.append(f"  failovers:       {len(self.failovers_s)}, p50 {percentile(self.failovers_s, 50):.2f} s, "
+                         f"p95 {percentile(self.failovers_s, 95):.2f} s, max {max(self.failovers_s):.2f} s")
+        for title, items in (("lost", self.lost), ("duplicated", self.duplicated), ("unjournaled", self.unjournaled)):
+            for item in items[:20]:
+                lines.append(f"  {title}: {item}")
+        if self.faults:
+            lines.append("  faults:")
+            lines += ["    " + f.line() for f in self.faults]
+        return "\n".join(lines)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return float(values[0])
+    return statistics.quantiles(sorted(values), n=100, method="inclusive")[max(0, min(98, int(p) - 1))]
+
+
+def run_records(records: Iterable[Any], run: str | None) -> list[Any]:
+    """The records of one run of the session (a standby may start a new run after it ends)."""
+    out: list[Any] = []
+    current = None
+    for rec in records:
+        if rec.kind == "start":
+            current = rec.data.get("run")
+            continue
+        if run is None or current == run:
+            out.append(rec)
+    return out
+
+
+def check_run(
+    session: str,
+    records: Sequence[Any],
+    executions: Sequence[Execution],
+    *,
+    result: dict | None,
+    expected: dict | None,
+    verify: Any = None,
+    events: Sequence[FaultEvent] = (),
+    leaders: Sequence[tuple[int, float]] = (),
+    t0: float | None = None,
+    t_end: float | None = None,
+) -> ChaosReport:
+    """Check one chaos run. `records`: the journal (all runs; the run is taken from
+    result["sid"]); `executions`: the ledger; `result`/`expected`: the program's final
+    JSON in this run and in a fault-free one; `verify`: journal.verify's report;
+    `events`: the FaultLog; `leaders`: (pid, time it became leader)."""
+    rep = ChaosReport(session)
+    run = None
+    if result is None or "out" not in result:
+        rep.program_error = f"the program did not finish: {result}"
+    else:
+        run = str(result.get("sid", "")).rsplit(".", 1)[-1] or None
+        rep.retries = dict(result.get("retries") or {})
+    recs = run_records(records, run)
+    _check_calls(rep, recs, executions)
+    if verify is not None:
+        rep.journal_ok = bool(verify.ok)
+        rep.journal_problems = list(getattr(verify, "problems", []))[:10]
+    if result is not None and expected is not None and "out" in result:
+        rep.results_equal = result["out"] == expected.get("out")
+        if not rep.results_equal:
+            rep.results_diff = _first_difference(result["out"], expected.get("out"))
+    times = [e.t for e in events] + [t for _, t in leaders]
+    start = t0 if t0 is not None else (min(times) if times else 0.0)
+    rep.duration_s = (t_end or max(times, default=start)) - start
+    rep.faults, rep.failovers_s = _effects(events, leaders, recs, start)
+    return rep
+
+
+def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Execution]) -> None:
+    calls: dict[int, dict] = {}
+    results: dict[tuple[int, int], dict] = {}
+    timeouts: set[int] = set()
+    for rec in recs:
+        d = rec.data
+        if rec.kind == "call" and d.get("k") in CALL_KINDS:
+            calls[d["s"]] = d
+        elif rec.kind == "result":
+            results[(d["s"], d["pt"])] = d
+        elif rec.kind == "obs" and d.get("w") == "timeout":
+            timeouts.add(d["s"])
+    ran = Counter((e.mesh, e.method, e.digest, e.rank) for e in executions)
+    explained: set[tuple] = set()
+    for seq in sorted(calls):
+        d = calls[seq]
+        digest = d["d"].hex() if isinstance(d["d"], bytes | bytearray) else str(d["d"])
+        for pt in d.get("pts") or []:
+            key = (d["a"], d["m"], digest, pt)
+            explained.add(key)
+            n = ran.get(key, 0)
+            rep.points += 1
+            res = results.get((seq, pt))
+            what = f"seq {seq} {d['k']} {d['a']}.{d['m']} on point {pt}"
+            if n > 1:
+                rep.duplicated.append(f"{what}: ran {n} times")
+            elif res is not None and res.get("st") in FAILED:
+                rep.failed_points += 1
+                rep.ran_once += n
+            elif res is None and seq in timeouts:
+                rep.timed_out_points += 1
+                rep.timed_out_unexecuted += n == 0
+                rep.ran_once += n
+            elif n == 0:
+                rep.lost.append(f"{what}: never ran (journaled result: {res.get('st') if res else 'none'})")
+            else:
+                rep.ran_once += 1
+    for key, n in ran.items():
+        if key not in explained:
+            rep.unjournaled.append(f"{key[0]}.{key[1]} digest {key[2][:12]} on point {key[3]} ran {n} time(s)")
+
+
+def _first_difference(got: list, want: list | None) -> str:
+    if want is None:
+        return "no fault-free result to compare with"
+    for i, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            return f"step {i}: got {a!r}, fault-free run got {b!r}"
+    return f"{len(got)} results, fault-free run has {len(want)}"
+
+
+def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]], recs: Sequence[Any],
+             t0: float) -> tuple[list[FaultEffect], list[float]]:
+    """What each fault did, read from the leader changes and the journal around it."""
+    changes = [t for _, t in leaders[1:]]
+    sup = [(r.data.get("t") or r.ts, r.data) for r in recs if r.kind == "sup"]
+    fails = defaultdict(int)
+    for r in recs:
+        if r.kind == "result" and r.data.get("st") in FAILED:
+            fails[round(r.ts, 1)] += 1
+    timeouts = [r.ts for r in recs if r.kind == "obs" and r.data.get("w") == "timeout"]
+    ends: dict[tuple[str, str], float] = {}
+    for e in events:  # when each toxic / partition / pause ended
+        if e.kind in ("toxic_remove", "up", "resume"):
+            ends.setdefault((e.target, str(e.detail.get("fault"))), e.t)
+    out: list[FaultEffect] = []
+    failovers: list[float] = []
+    claimed: set[float] = set()
+    for e in sorted(events, key=lambda e: e.t):
+        effect = ""
+        role = e.target.split("/")[0]
+        if e.kind in ("kill", "pause", "down") and e.target in CONTROLLER_FAULTS or \
+                e.kind == "toxic_add" and e.target == "controller->etcd":
+            nxt = next((t for t in changes if t > e.t and t not in claimed), None)
+            later = [x.t for x in events if x.t > e.t and x.target in CONTROLLER_FAULTS
+                     and x.kind in ("kill", "pause", "down")]
+            if nxt is not None and (not later or nxt <= min(later) or e.kind != "toxic_add"):
+                claimed.add(nxt)
+                failovers.append(nxt - e.t)
+                effect = f"failover: new leader after {nxt - e.t:.2f} s"
+            else:
+                effect = "no failover (the leader kept its lease)"
+        elif e.kind == "kill" and role == "proc":
+            after = [(t, d) for t, d in sup if t >= e.t - 0.05]
+            restart = next((t for t, d in after if d.get("ev") == "restart"), None)
+            n_fail = sum(v for k, v in fails.items() if e.t - 0.1 <= k <= e.t + 5)
+            effect = (f"proc restarted after {restart - e.t:.2f} s" if restart else "no restart journaled")
+            if n_fail:
+                effect += f"; {n_fail} call points failed (SupervisionError seen, calls retried)"
+        elif e.kind == "kill" and e.target == "etcd":
+            effect = "etcd SIGKILLed; the session waits for it"
+        elif e.kind == "restart":
+            effect = "etcd started again on the same data"
+        elif e.kind == "kill" and e.target == "host":
+            effect = "host agent SIGKILLed; procs keep running (not its children's lifetime)"
+        elif e.kind in ("toxic_add", "down", "pause"):
+            end = ends.get((e.target, str(e.detail.get("fault"))), e.t)
+            n = sum(1 for t in timeouts if e.t <= t <= end + 10)
+            effect = f"{n} calls timed out and were issued again" if n else "calls slowed or cut; none failed"
+        elif e.kind == "error":
+            effect = f"not applied: {e.detail.get('error', '')}"[:100]
+        out.append(FaultEffect(e.t - t0, e.kind, e.target, dict(e.detail), effect))
+    return out, failovers

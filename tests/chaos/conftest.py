@@ -1,0 +1,56 @@
+"""The chaos suite's shared pieces: one Toxiproxy server and one etcd per module, and a
+fault-free result per workload shape (computed once, compared with every chaos run)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from chaos import ToxiproxyNotInstalled, ToxiproxyServer, find_toxiproxy_server
+from chaos.etcd import LocalEtcd, etcd_binary
+from chaos.run import fault_free
+
+
+@pytest.fixture(scope="module")
+def toxiproxy() -> Iterator[ToxiproxyServer]:
+    try:
+        binary = find_toxiproxy_server()
+    except ToxiproxyNotInstalled as e:
+        pytest.skip(f"{e} (build it with scripts/install_toxiproxy.sh)")
+    with ToxiproxyServer(binary) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[LocalEtcd]:
+    if etcd_binary() is None:
+        pytest.skip("etcd is not on PATH (scripts/install_etcd.sh, or set REGENT_ETCD)")
+    with LocalEtcd() as server:
+        yield server
+
+
+_BASELINES: dict[tuple, dict] = {}
+
+
+@pytest.fixture(scope="module")
+def baseline(toxiproxy, etcd, tmp_path_factory):
+    """baseline(steps=..., **env): the fault-free result of the workload in that shape."""
+
+    def get(steps: int, n_procs: int = 3, **env: str) -> dict:
+        key = (steps, n_procs, tuple(sorted(env.items())))
+        if key not in _BASELINES:
+            wd = tmp_path_factory.mktemp("baseline")
+            name = f"baseline-{os.getpid()}-{len(_BASELINES)}"
+            _BASELINES[key] = fault_free(toxiproxy, etcd, wd, name, steps=steps, n_procs=n_procs,
+                                         proxied_workers=False, env=env)
+        return _BASELINES[key]
+
+    return get
+
+
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "chaos: the chaos suite (real etcd, Toxiproxy and processes)")
