@@ -12,7 +12,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -44,6 +44,7 @@ class ProcRef:
     alive: bool = True
     death: str = ""
     key: str = ""  # stable across replacements: calls target it, deaths are matched by it
+    env: dict = field(default_factory=dict)  # what the host agent was asked to start it with
 
     def __post_init__(self) -> None:
         self.key = self.key or self.id

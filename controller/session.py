@@ -434,13 +434,13 @@ class Session:
                     host, "spawn_procs", s=seq, count=count, envs=envs, path=_sys_path())
                 if reply.get("st") != "ok":
                     raise SupervisionError(f"host agent at {host} could not spawn procs: {reply.get('em')}")
-                listing += [{**p, "host": host} for p in reply["procs"]]
+                listing += [{**p, "host": host, "env": envs[k]} for k, p in enumerate(reply["procs"])]
             self._submit(PROCS, {"s": seq, "procs": listing})
         procs = []
         for p in listing:
             ref = self.runtime.procs.get(p["id"])
             if ref is None:
-                ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], p["host"])
+                ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], p["host"], env=p.get("env") or {})
                 # Known from the journal but not reported alive by its host: it died meanwhile.
                 if jc is not None and self.runtime.hosts:
                     self.runtime.mark_dead(ref, f"proc {ref.id} (pid {ref.pid}) is gone")

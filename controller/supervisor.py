@@ -172,7 +172,7 @@ class Supervisor:
 
     def _replace_proc(self, proc: ProcRef) -> None:
         reply = self.runtime.host_request(proc.host, "respawn_proc", old=proc.id, idx=proc.index,
-                                          env={"REGENT_PROC_RANK": str(proc.index)}, path=self.path)
+                                          env=proc.env, path=self.path)
         if reply.get("st") != "ok":
             raise SupervisionError(f"host agent could not replace proc {proc.id}: {reply.get('em')}")
         (new,) = reply["procs"]

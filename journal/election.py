@@ -225,7 +225,10 @@ class Leadership:
     def _write_frames_locked(self, first: int, frames: list[bytes]) -> int:
         try:
             for txn in pack(frames, first):
+                started = time.monotonic()
                 self._backend.put_batches(self._grant, txn)
+                if getattr(self._backend, "renews_on_write", False):
+                    self._last_renewed = max(self._last_renewed, started)
                 last = txn[-1]
                 self._next_lsn = last.first_lsn + last.count
         except LeadershipLost as exc:

@@ -175,9 +175,17 @@ class SqliteStore:
 
     # log
 
+    # An append proves the leader alive as well as a keepalive does, and under a busy
+    # writer the keepalive's own transaction can lose every race for the file lock.
+    renews_on_write = True
+
     def put_batches(self, grant: Grant, batches: list[Batch]) -> None:
         with self._write() as conn:
             self._check_leader(conn, grant, "append")
+            conn.execute(
+                "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? AND epoch = ?",
+                (time.time() + grant.ttl_s, grant.session, grant.holder, grant.epoch),
+            )
             for batch in batches:
                 try:
                     conn.execute(
