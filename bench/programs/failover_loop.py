@@ -1,0 +1,108 @@
+"""The controller program bench_failover.py runs as primary and standby: no-op calls in a loop.
+
+It appends timestamped marks (one JSON object a line) to $BENCH_MARKS, so the bench can split
+a failover into its parts: `lead` when Session() returns (with the moment leadership was won),
+`live` after the first call this process completes live (with the moment replay finished).
+Configured by environment (see `Config`); it must behave identically in primary and standby.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from controller import Session
+from worker import Actor, endpoint
+
+
+class Noop(Actor):
+    @endpoint
+    def noop(self, i: int) -> int:
+        return i
+
+
+@dataclass(frozen=True)
+class Config:
+    session: str
+    journal: str | None
+    ttl: float
+    marks: str
+    pace_s: float  # sleep between live calls (no sleep while replaying)
+    calls: int  # > 0: issue this many calls pipelined, then wait to be stopped
+    chunk: int  # futures in flight at once in that mode
+    live_after_takeover: int  # a standby that took over makes this many live calls, then ends
+
+    @staticmethod
+    def from_env() -> Config:
+        env = os.environ
+        return Config(
+            session=env["BENCH_SESSION"],
+            journal=env.get("BENCH_JOURNAL") or None,
+            ttl=float(env.get("BENCH_TTL", "2.0")),
+            marks=env["BENCH_MARKS"],
+            pace_s=float(env.get("BENCH_PACE_S", "0.01")),
+            calls=int(env.get("BENCH_CALLS", "0")),
+            chunk=int(env.get("BENCH_CHUNK", "2000")),
+            live_after_takeover=int(env.get("BENCH_LIVE_AFTER", "20")),
+        )
+
+
+def mark(cfg: Config, event: str, **fields: object) -> None:
+    line = json.dumps({"ev": event, "pid": os.getpid(), **fields})
+    with open(cfg.marks, "a") as f:
+        f.write(line + "\n")
+
+
+def main() -> None:
+    cfg = Config.from_env()
+    with Session(cfg.session, journal=cfg.journal, lease_ttl_s=cfg.ttl) as s:
+        returned = time.time()
+        # Session() records when the campaign was won on the monotonic clock; map it to wall
+        # time so the bench can set it against the moment it killed the primary.
+        leader_at = returned - (time.monotonic() - s.takeover_at)
+        # A standby took over: it waited for the lease, or found a run to carry on.
+        took_over = s.waited or s.replaying
+        mark(cfg, "lead", leader_at=leader_at, returned_at=returned, standby=took_over,
+             replaying=s.replaying)
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("noop", Noop)
+        one = mesh.slice(procs=0)
+        if cfg.calls > 0:
+            done = 0
+            while done < cfg.calls:
+                n = min(cfg.chunk, cfg.calls - done)
+                futures = [one.noop.call_one(done + k) for k in range(n)]
+                for f in futures:
+                    f.get()
+                done += n
+            if not took_over:
+                mark(cfg, "recorded", at=time.time())
+                while True:  # the bench stops this primary (SIGTERM) and starts a standby
+                    time.sleep(0.05)
+            # Past the journal's end: this call is live, and ends the replay.
+            replay_done = time.time()
+            one.noop.call_one(-1).get()
+            mark(cfg, "live", at=time.time(), replay_done_at=replay_done,
+                 stats=dict(s.stats), standby=took_over)
+            return
+        i = 0
+        replay_done = returned
+        live = 0
+        while True:
+            one.noop.call_one(i).get()
+            i += 1
+            if s.replaying:
+                replay_done = time.time()
+                continue
+            if live == 0:
+                mark(cfg, "live", at=time.time(), replay_done_at=replay_done,
+                     stats=dict(s.stats), standby=took_over, seq=i)
+            live += 1
+            if took_over and live >= cfg.live_after_takeover:
+                return
+            time.sleep(cfg.pace_s)
+
+
+if __name__ == "__main__":
+    main()
