@@ -53,7 +53,7 @@ def _baseline(cluster_factory, steps: int) -> dict:
 
 def test_standby_replays_to_each_kill_point_and_runs_every_call_once(cluster_factory):
     """30 SIGKILLs of successive primaries at random points of one run."""
-    steps = 120
+    steps = 400
     expected = _baseline(cluster_factory, steps)
     c = cluster_factory("kills", steps=steps)
     rng = random.Random(int(os.environ.get("REGENT_TEST_SEED", "1234")))
