@@ -7,6 +7,7 @@ a session's log may hold several runs, and only the last one is replayed.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,19 @@ class ReplayIndex:
     """The last run of a session, indexed by seq."""
 
     def __init__(self, records: Iterable[Any] = ()):
+        self._reset()
+        # Indexing builds many small objects and no cycles: the cyclic collector would
+        # only rescan them, more than halving the rate (measured: 75-85k -> 180-230k/s).
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            for rec in records:
+                self.add(rec)
+        finally:
+            if gc_was_on:
+                gc.enable()
+
+    def _reset(self) -> None:
         self.run: str | None = None
         self.ended = False
         self.calls: dict[int, JournaledCall] = {}
@@ -76,14 +90,13 @@ class ReplayIndex:
         self.records = 0
         self.epochs: list[int] = []
         self.last_lsn = -1
-        for rec in records:
-            self.add(rec)
+        self.max_seq = -1
 
     def add(self, rec: Any) -> None:
         kind, d = rec.kind, rec.data
         self.last_lsn = rec.lsn
         if kind == START:
-            self.__init__()  # a new run: forget the previous one
+            self._reset()  # a new run: forget the previous one
             self.run = d["run"]
             self.last_lsn = rec.lsn
             self.records = 1
@@ -93,6 +106,7 @@ class ReplayIndex:
         if not self.epochs or self.epochs[-1] != rec.epoch:
             self.epochs.append(rec.epoch)
         if kind == CALL:
+            self.max_seq = max(self.max_seq, d["s"])
             self.calls[d["s"]] = JournaledCall(
                 d["s"], d["k"], d.get("a", ""), d.get("m", ""), d.get("d", b""),
                 list(d.get("pts", ())), d.get("v"))
@@ -110,10 +124,6 @@ class ReplayIndex:
             self.supervision.append(d)
         elif kind == END:
             self.ended = True
-
-    @property
-    def max_seq(self) -> int:
-        return max(self.calls, default=-1)
 
     def check(self, seq: int, kind: str, actor: str = "", method: str = "", digest: bytes = b"",
               points: Iterable[int] | None = None) -> JournaledCall | None:

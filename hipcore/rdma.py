@@ -23,7 +23,7 @@ import structlog
 from hipcore import _copy, _shm
 from hipcore._rdma_cuda_ipc import CudaIpcTransport
 from hipcore._rdma_registry import Entry, RDMAHandle, Region, registry
-from hipcore._rdma_shm import ShmTransport, dropped
+from hipcore._rdma_shm import ShmTransport, check_live, dropped
 from hipcore._rdma_tcp import TcpTransport, stop_server
 from hipcore.backend import require_torch
 from hipcore.errors import RDMAError, RDMASizeError
@@ -233,6 +233,8 @@ class RDMABuffer:
                 if t.name == forced:
                     info = handle.endpoint(t.name)
                     if info is None or not t.reachable(handle, info):
+                        if handle.host == _shm.host_id():
+                            check_live(handle)  # a dropped buffer or a dead owner says so
                         raise RDMAError(
                             f"transport {forced!r} cannot reach this RDMABuffer from here "
                             f"(its endpoints: {[name for name, _ in handle.endpoints]}; "

@@ -181,9 +181,6 @@ def test_a_dropped_buffer_fails_reads_and_writes_clearly(meshes, memory, dropper
         assert "released with drop()" in info.value.message
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hipcore: once the owner frees a dropped buffer's shared memory, a read with transport='shm' "
-    "forced says the transport 'cannot reach' the buffer (RDMAError) instead of RDMABufferDroppedError"))
 def test_a_dropped_buffer_read_with_shm_forced_says_it_was_dropped(meshes):
     owner, peer = meshes
     buf = owner.make.call_one("dropped-shm-forced", 4 * KiB, seed=4, memory="shared").get()
