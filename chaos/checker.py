@@ -137,6 +137,7 @@ def check_run(
     leaders: Sequence[tuple[int, float]] = (),
     t0: float | None = None,
     t_end: float | None = None,
+    deadline_s: float = 5.0,
 ) -> ChaosReport:
     """Check one chaos run. `records`: the journal (all runs; the run is taken from
     result["sid"]); `executions`: the ledger; `result`/`expected`: the program's final
@@ -161,7 +162,7 @@ def check_run(
     times = [e.t for e in events] + [t for _, t in leaders]
     start = t0 if t0 is not None else (min(times) if times else 0.0)
     rep.duration_s = (t_end or max(times, default=start)) - start
-    rep.faults, rep.failovers_s = _effects(events, leaders, recs, start)
+    rep.faults, rep.failovers_s = _effects(events, leaders, recs, start, deadline_s)
     return rep
 
 
@@ -217,7 +218,7 @@ def _first_difference(got: list, want: list | None) -> str:
 
 
 def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]], recs: Sequence[Any],
-             t0: float) -> tuple[list[FaultEffect], list[float]]:
+             t0: float, deadline_s: float) -> tuple[list[FaultEffect], list[float]]:
     """What each fault did, read from the leader changes and the journal around it."""
     changes = [t for _, t in leaders[1:]]
     sup = [(r.data.get("t") or r.ts, r.data) for r in recs if r.kind == "sup"]
@@ -262,7 +263,7 @@ def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]],
             effect = "host agent SIGKILLed; procs keep running (not its children's lifetime)"
         elif e.kind in ("toxic_add", "down", "pause"):
             end = ends.get((e.target, str(e.detail.get("fault"))), e.t)
-            n = sum(1 for t in timeouts if e.t <= t <= end + 10)
+            n = sum(1 for t in timeouts if e.t <= t <= end + deadline_s + 0.5)
             effect = f"{n} calls timed out and were issued again" if n else "calls slowed or cut; none failed"
         elif e.kind == "error":
             effect = f"not applied: {e.detail.get('error', '')}"[:100]

@@ -136,6 +136,7 @@ class ChaosCluster:
         self.controllers: list[Controller] = []
         self.net = RoleNet(self.server, self, self.faults)
         self.winner: Controller | None = None
+        self.stopped_at_end: list[Controller] = []  # still running when the run finished
         self.result: dict | None = None
         self.etcd_restarts: list[float] = []
         self._stop = threading.Event()
@@ -245,16 +246,22 @@ class ChaosCluster:
             time.sleep(0.01)
 
     def _tick(self) -> bool:
-        done = next((c for c in self.controllers if c.popen.poll() == 0), None)
+        # Done once a controller has printed the result (it may be killed before it exits).
+        done, result = None, None
+        for c in self.controllers:
+            result = _final_line(c.out_path)
+            if result is not None:
+                done = c
+                break
         if done is not None:
             for c in self.live():
-                c.popen.kill()
-                c.popen.wait()
-            text = done.out_path.read_text().strip().splitlines()
-            self.winner = done
-            self.result = json.loads(text[-1]) if text else {"error": "no output"}
+                if c is not done:
+                    self.stopped_at_end.append(c)
+                    c.popen.kill()
+                    c.popen.wait()
+            self.winner, self.result = done, result
             return True
-        failed = [c for c in self.controllers if c.popen.poll() not in (None, 0, -9, 3)]
+        failed = [c for c in self.controllers if c.popen.poll() not in (None, 0, -9, 3, 4)]
         if len(failed) > 8 * (1 + self.standbys):
             self.result = {"error": f"{len(failed)} controllers failed"}
             return True
@@ -373,6 +380,20 @@ class ChaosCluster:
                     proxy.delete()
                 except Exception:  # another cluster on the server may have deleted it
                     pass
+
+
+def _final_line(path: Path) -> dict | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if not text.endswith("\n"):
+        return None
+    try:
+        data = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return data if isinstance(data, dict) and "out" in data else None
 
 
 def _host_pid_or_none() -> int | None:

@@ -78,5 +78,6 @@ def run_schedule(server: ToxiproxyServer, etcd: Any, workdir: Path, session: str
         etcd.start()
     records, verify = _journal_view(etcd.url, session)
     report = check_run(session, records, read_ledger(c.ledger_dir), result=result, expected=expected,
-                       verify=verify, events=c.faults.events(), leaders=c.leaders(), t0=t0, t_end=t_end)
+                       verify=verify, events=c.faults.events(), leaders=c.leaders(), t0=t0, t_end=t_end,
+                       deadline_s=float(c.env.get("REGENT_CHAOS_CALL_TIMEOUT_S", 5.0)))
     return ChaosRun(report, result, c, list(runner.errors) if runner else [])

@@ -4,7 +4,8 @@ Run as primary and standbys by chaos.cluster. Configured by environment:
 REGENT_CHAOS_SESSION, REGENT_CHAOS_JOURNAL, REGENT_CHAOS_STEPS, REGENT_CHAOS_TTL,
 REGENT_CHAOS_LEDGER (where actors record executions), REGENT_CHAOS_LEADERS (this
 process appends "pid time" when it leads), REGENT_CHAOS_PROCS, REGENT_CHAOS_PAYLOAD
-(bytes of the array moved by `echo`), REGENT_CHAOS_CALL_TIMEOUT_S (the deadline of
+(bytes of the array moved by `echo`), REGENT_CHAOS_STEP_S (a pause after each live
+step; results do not depend on it), REGENT_CHAOS_CALL_TIMEOUT_S (the deadline of
 every get), REGENT_CHAOS_RESTART (a restart policy: permanent, transient, temporary
 or none), REGENT_CHAOS_TOXIPROXY (route links through proxies, see chaos.links).
 
@@ -105,6 +106,10 @@ def _policy() -> RestartPolicy | None:
                          restart_timeout_s=20.0)
 
 
+def _ended_before(s: Session) -> bool:
+    return any(r.kind == "session_end" for r in s.journal.read(s.name))
+
+
 def main() -> int:
     env = os.environ
     steps = int(env.get("REGENT_CHAOS_STEPS", "60"))
@@ -112,9 +117,15 @@ def main() -> int:
     timeout_s = float(env.get("REGENT_CHAOS_CALL_TIMEOUT_S", "5"))
     payload = int(env.get("REGENT_CHAOS_PAYLOAD", "16384"))
     delay_s = float(env.get("REGENT_CHAOS_DELAY_S", "0.002"))
+    pace_s = float(env.get("REGENT_CHAOS_STEP_S", "0"))  # a pause between live steps: a longer run
     try:
         with Session(env["REGENT_CHAOS_SESSION"], journal=env["REGENT_CHAOS_JOURNAL"],
                      lease_ttl_s=float(env.get("REGENT_CHAOS_TTL", "1.0")), links=links_from_env()) as s:
+            if s.waited and not s.replaying and _ended_before(s):
+                # The run this standby waited on has ended: starting it anew would run every
+                # call again. (regent run stops standbys when a run ends; this closes the race.)
+                print("the session's run has ended; nothing to take over", file=sys.stderr, flush=True)
+                return 4
             leaders = env.get("REGENT_CHAOS_LEADERS")
             if leaders:
                 with open(leaders, "a") as f:
@@ -127,6 +138,8 @@ def main() -> int:
                 out.append(work.step(i))
                 if not s.replaying:
                     print(f"step {i}", file=sys.stderr, flush=True)
+                    if pace_s:
+                        time.sleep(pace_s)
             # A last call on every actor: per-sender FIFO puts every broadcast before it.
             out.append(work.attempt("final", lambda tok: w.square.call(tok, -1).get(timeout=timeout_s).values()))
             print(json.dumps({"out": out, "retries": work.retries, "stats": s.stats, "role": s.role,

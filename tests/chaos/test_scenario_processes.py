@@ -1,0 +1,138 @@
+"""Scenarios 6-11: the primary cut off from etcd, frozen, killed 20 times; etcd killed;
+procs killed under a restart policy; the host agent killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+from chaos_suite import assert_verdict, name
+
+from chaos import Fault, Schedule, kill
+from chaos.cluster import _host_pid, _proc_pid
+from chaos.run import run_schedule
+
+pytestmark = pytest.mark.chaos
+
+LONG = 400  # steps of the runs that must outlast their faults (one shared fault-free run)
+PACED = {"REGENT_CHAOS_STEP_S": "0.02"}  # about 10 s live: results do not depend on the pace
+
+
+def _deposed(run) -> list:
+    """Controllers that led, then stopped by themselves before the run ended."""
+    pids = {pid for pid, _ in run.cluster.leaders()}
+    return [c for c in run.cluster.controllers
+            if c.pid in pids and c is not run.cluster.winner and c not in run.cluster.stopped_at_end]
+
+
+def test_a_primary_partitioned_from_etcd_stops_and_the_standby_finishes_the_run(toxiproxy, etcd, baseline,
+                                                                                tmp_path):
+    steps = LONG
+    sched = Schedule((Fault("down", "controller->etcd", at_s=0.3, duration_s=4.0),))
+    run = run_schedule(toxiproxy, etcd, tmp_path, name("partition"), sched, expected=baseline(steps), steps=steps,
+                       env=PACED)
+    assert_verdict(run, "partition primary<->etcd")
+    assert len(run.cluster.leaders()) >= 2, run.report.text()
+    (old,) = _deposed(run)
+    text = old.log_path.read_text()
+    assert old.popen.returncode != 0 and "leadership lost" in text, text[-2000:]
+    # It could neither write (the journal verifies, one writer per epoch) nor drive workers
+    # (no execution the journal cannot explain, none twice): asserted by the verdict.
+    assert run.report.failovers_s and run.report.failovers_s[0] < 10
+
+
+def test_a_primary_frozen_past_its_lease_is_deposed_and_cannot_act_when_it_wakes(toxiproxy, etcd, baseline,
+                                                                                 tmp_path):
+    steps = LONG
+    sched = Schedule((Fault("pause", "controller", at_s=0.3, duration_s=3.0),))
+    run = run_schedule(toxiproxy, etcd, tmp_path, name("zombie"), sched, expected=baseline(steps), steps=steps,
+                       env=PACED)
+    assert_verdict(run, "SIGSTOP primary")
+    assert len(run.cluster.leaders()) >= 2, run.report.text()
+    (old,) = _deposed(run)
+    assert old.popen.returncode != 0 and "lost" in old.log_path.read_text()
+
+
+def test_twenty_sigkills_of_the_primary_at_random_points_lose_and_repeat_nothing(toxiproxy, etcd, baseline,
+                                                                                 tmp_path):
+    rng = random.Random(int(os.environ.get("REGENT_CHAOS_SEED", "20")))
+    kills = []
+
+    def kill_leaders(c) -> None:
+        while len(kills) < 20 and c.result is None:
+            lead, standby = c.leader(), c.standby()
+            if lead is None or lead.popen.poll() is not None or standby is None or \
+                    "standing by" not in standby.log_path.read_text():
+                time.sleep(0.02)
+                continue
+            time.sleep(rng.uniform(0.05, 0.5))
+            if c.result is not None or lead.popen.poll() is not None:
+                continue
+            kill(lead.pid, target="controller", log_to=c.faults, note={"n": len(kills)})
+            kills.append(lead.pid)
+            while c.leader() is lead and c.result is None:
+                time.sleep(0.01)
+
+    run = run_schedule(toxiproxy, etcd, tmp_path, name("kills"), Schedule(()), expected=baseline(LONG),
+                       steps=LONG, driver=kill_leaders, ttl_s=0.5, env={"REGENT_CHAOS_STEP_S": "0.05"})
+    assert_verdict(run, "20 SIGKILLs of the primary")
+    assert len(kills) >= 20, f"the program finished after {len(kills)} kills; make it longer"
+    assert len(run.report.failovers_s) >= 20
+    assert run.result["role"] == "standby-took-over"
+
+
+def test_etcd_sigkilled_and_restarted_mid_session_costs_time_not_calls(toxiproxy, etcd, baseline, tmp_path):
+    steps = LONG
+    sched = Schedule((Fault("kill", "etcd", at_s=0.3), Fault("kill", "etcd", at_s=3.0)))
+    run = run_schedule(toxiproxy, etcd, tmp_path, name("etcdkill"), sched, expected=baseline(steps),
+                       steps=steps, ttl_s=2.0, env=PACED)
+    assert_verdict(run, "etcd SIGKILL+restart")
+    assert run.report.injected == 2 and len(run.cluster.etcd_restarts) == 2
+
+
+def test_procs_sigkilled_during_calls_are_restarted_and_calls_run_at_most_once(toxiproxy, etcd, baseline,
+                                                                               tmp_path):
+    """permanent restart policy: a call in flight on a killed proc fails with
+    SupervisionError (it ran at most once, journaled as failed); the program issues it
+    again and the restarted actor runs it."""
+    steps = LONG
+    sched = Schedule(tuple(Fault("kill", f"proc/{i % 3}", at_s=0.3 + 0.7 * i) for i in range(5)))
+    run = run_schedule(toxiproxy, etcd, tmp_path, name("prockill"), sched, expected=baseline(steps),
+                       steps=steps)
+    assert_verdict(run, "proc SIGKILL, permanent restart")
+    assert run.report.injected == 5, run.runner_errors
+    assert run.report.retries["supervision"] >= 1, run.report.text()
+    assert any("proc restarted" in f.effect for f in run.report.faults), run.report.text()
+
+
+def test_a_sigkilled_host_agent_leaves_procs_running_and_calls_flowing(toxiproxy, etcd, baseline, tmp_path):
+    """Observed semantics: procs are the host agent's children in their own sessions;
+    SIGKILL of the agent leaves them running, the controller keeps calling them
+    directly (no call lost or repeated), but nothing can restart a proc or stop the
+    session's procs any more: at session end they are left running (leaked; the
+    controller's stop_session request times out after 15 s)."""
+    steps = 150
+    session = name("hostkill")
+    seen: dict = {}
+
+    def note_procs(c) -> None:
+        c.wait_step(1)
+        seen["before"] = [_proc_pid(session, i) for i in range(3)]
+        seen["host"] = _host_pid()
+
+    sched = Schedule((Fault("kill", "host", at_s=0.3),))
+    run = run_schedule(toxiproxy, etcd, tmp_path, session, sched, expected=baseline(steps), steps=steps,
+                       standbys=0, driver=note_procs, env=PACED)
+    try:
+        assert_verdict(run, "host agent SIGKILL")
+        after = [_proc_pid(session, i) for i in range(3)]
+        assert after == seen["before"] and None not in after, (seen, after)
+        log = run.cluster.winner.log_path.read_text()
+        assert "could not stop the session on a host" in log
+    finally:
+        for pid in [_proc_pid(session, i) for i in range(3)]:
+            if pid:
+                os.kill(pid, signal.SIGKILL)
