@@ -1,0 +1,119 @@
+"""The training job's actors: data-parallel trainers, an evaluator and a checkpoint writer.
+
+The trainers all-reduce gradients through the torch.distributed group the controller
+formed over their procs (`procs.init_process_group()`); trainer 0 publishes its weights
+in a shared-memory RDMA buffer that the evaluator and the checkpoint writer read
+one-sidedly, so the weights never pass through the controller.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from model import Config, Corpus, batch_key, build, digest, flat_params
+
+from hipcore import RDMABuffer, shared_tensor
+from worker import Actor, context, endpoint
+
+
+class Trainer(Actor):
+    """One data-parallel replica: every replica starts from the same weights and applies
+    the same averaged gradients, so all of them hold the same model after each step."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = Config(**cfg)
+        self.corpus = Corpus()
+        self.model = build(self.cfg, self.corpus.vocab)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr)
+        self.published: torch.Tensor | None = None
+        self.buffer: RDMABuffer | None = None
+
+    @endpoint
+    def step(self, step: int) -> float:
+        """One optimizer step on this replica's batch for `step`; returns the mean loss."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        x, y = self.corpus.batch("train", self.cfg, batch_key(self.cfg, step, rank))
+        _, loss = self.model(x, y)
+        self.opt.zero_grad(set_to_none=False)
+        loss.backward()
+        grads = [p.grad for p in self.model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
+        dist.all_reduce(flat)  # one collective per step: every gradient and the loss
+        flat /= world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        self.opt.step()
+        return float(flat[-1])
+
+    @endpoint
+    def weights(self) -> RDMABuffer:
+        """The RDMA buffer this replica publishes its weights in (shared memory, zero-copy)."""
+        if self.buffer is None:
+            self.published = shared_tensor(flat_params(self.model).numel(), torch.float32)
+            self.buffer = RDMABuffer(self.published)
+        return self.buffer
+
+    @endpoint
+    def publish(self, step: int) -> int:
+        """Copy the current weights into the RDMA buffer; returns the step they belong to."""
+        assert self.published is not None, "call weights() first"
+        self.published.copy_(flat_params(self.model))
+        return step
+
+    @endpoint
+    def digest(self) -> str:
+        return digest(self.model)
+
+    @endpoint
+    def where(self) -> dict:
+        return {"rank": context().rank, "pid": os.getpid(), "torch_rank": dist.get_rank()}
+
+
+def _read_weights(buf: RDMABuffer, cfg: Config, vocab: int) -> torch.nn.Module:
+    flat = torch.empty(buf.size // 4, dtype=torch.float32)
+    buf.read_into(flat, timeout=60).get(timeout=60)
+    model = build(cfg, vocab)
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+    return model
+
+
+class Evaluator(Actor):
+    """Held-out loss and a text sample from the weights in an RDMA buffer."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = Config(**cfg)
+        self.corpus = Corpus()
+
+    @endpoint
+    def evaluate(self, buf: RDMABuffer, step: int) -> dict:
+        model = _read_weights(buf, self.cfg, self.corpus.vocab)
+        model.eval()
+        with torch.no_grad():
+            losses = [float(model(*self.corpus.batch("val", self.cfg, k))[1]) for k in range(self.cfg.eval_batches)]
+        prompt = [self.corpus.index[c] for c in "ROMEO:"]
+        text = self.corpus.decode(model.sample(prompt, 48, seed=step))
+        return {"step": step, "val_loss": sum(losses) / len(losses), "sample": text}
+
+
+class Checkpointer(Actor):
+    """Writes `torch.save` checkpoints of the weights it reads from an RDMA buffer."""
+
+    def __init__(self, cfg: dict, directory: str):
+        self.cfg = Config(**cfg)
+        self.vocab = Corpus().vocab
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    @endpoint
+    def save(self, buf: RDMABuffer, step: int) -> str:
+        model = _read_weights(buf, self.cfg, self.vocab)
+        path = self.dir / f"ckpt-{step:06d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({"step": step, "config": self.cfg.asdict(), "model": model.state_dict()}, tmp)
+        os.replace(tmp, path)  # a reader never sees half a checkpoint
+        return str(path)
