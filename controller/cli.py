@@ -68,6 +68,12 @@ def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
         time.sleep(0.05)
 
 
+def _cmd_chaos(args: argparse.Namespace, rest: list[str]) -> int:
+    from chaos.cli import run
+
+    return run(args)
+
+
 def _open(args: argparse.Namespace):
     from journal import open_journal
 
@@ -135,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run PROGRAM.py as a primary plus N standbys")
     run.add_argument("program")
     run.add_argument("--standby", type=int, default=1, help="number of standby controllers (default 1)")
+    chaos = sub.add_parser("chaos", help="fault injection: run a program under a scenario and check it")
+    chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True)
+    from chaos.cli import add_arguments as _chaos_arguments
+
+    _chaos_arguments(chaos_sub.add_parser("run", help="run SCENARIO (a .toml or .json file), print the report"))
     jr = sub.add_parser("journal", help="inspect a session's journal")
     jr.add_argument("--journal", default=os.environ.get("REGENT_JOURNAL"),
                     help="etcd://host:port or sqlite:///path (default: the embedded store)")
@@ -156,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_COMMANDS = {"host": _cmd_host, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal}
+_COMMANDS = {"host": _cmd_host, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal,
+             "chaos": _cmd_chaos}
 
 
 def main(argv: list[str] | None = None) -> int:
