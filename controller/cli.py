@@ -32,10 +32,11 @@ def _cmd_keys(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
-    program = REPO / "examples" / "failover_demo.py"
+    """The main job: examples/train/demo.py (training through controller failovers)."""
+    program = REPO / "examples" / "train" / "demo.py"
     sys.argv = [str(program), *rest]
-    runpy.run_path(str(program), run_name="__main__")
-    return 0
+    demo = runpy.run_path(str(program), run_name="regent_demo")
+    return demo["main"](rest)
 
 
 def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
@@ -137,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     init = keys_sub.add_parser("init", help="create the cluster keypair in $REGENT_HOME/keys")
     init.add_argument("--force", action="store_true", help="replace existing keys")
-    sub.add_parser("demo", help="run the main job: a session, a controller failover, the result", add_help=False)
+    sub.add_parser("demo", help="the main job: training through controller failovers (regent demo --help)",
+                   add_help=False)
     run = sub.add_parser("run", help="run PROGRAM.py as a primary plus N standbys")
     run.add_argument("program")
     run.add_argument("--standby", type=int, default=1, help="number of standby controllers (default 1)")

@@ -1,5 +1,5 @@
-"""The failover demo (`regent demo`): a primary and a standby run the same job on
-the embedded journal; the primary is SIGKILLed midway; the standby takes over,
+"""A small failover demo on counters (`python examples/failover_demo.py`; `regent demo`
+runs the training one): a primary and a standby run the same job on the embedded journal; the primary is SIGKILLed midway; the standby takes over,
 replays the journal and finishes. Then the journal is verified, and the result
 is compared with what a run without failure computes."""
 

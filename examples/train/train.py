@@ -63,10 +63,20 @@ def main(argv: list[str] | None = None) -> dict:
         publisher = trainers.slice(procs=0)
         buf = publisher.weights.call_one().get()
 
-        state = s.resume({"step": 0, "losses": [], "evals": [], "saved": []})
+        # What follows a checkpoint must be what a takeover runs after resume(): the loop's
+        # top. So a checkpoint notes that a snapshot is due, and the top takes it.
+        state = s.resume({"step": 0, "losses": [], "evals": [], "saved": [], "snapshot_due": False})
         pending: list = []  # (kind, future): evaluations and saves still running
         live = Live(s)
-        while state["step"] < steps:
+        while True:
+            if state["snapshot_due"]:
+                state["snapshot_due"] = False
+                publisher.publish.call_one(state["step"]).get()
+                pending.append(("eval", evaluator.evaluate.call_one(buf, state["step"])))
+                if state["step"] % cfg.save_every == 0 or state["step"] == steps:
+                    pending.append(("save", saver.save.call_one(buf, state["step"])))
+            if state["step"] >= steps:
+                break
             step = state["step"]
             loss = trainers.step.call(step).get().values()[0]
             state["losses"].append(loss)
@@ -80,11 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
                 # The previous evaluation and save read the buffer: wait for them before it
                 # changes. They ran while the trainers went on, so this rarely waits.
                 collect(s, pending, state)
+                state["snapshot_due"] = True
                 s.checkpoint(state)  # nothing in flight: a takeover resumes exactly here
-                publisher.publish.call_one(state["step"]).get()
-                pending.append(("eval", evaluator.evaluate.call_one(buf, state["step"])))
-                if state["step"] % cfg.save_every == 0 or state["step"] == steps:
-                    pending.append(("save", saver.save.call_one(buf, state["step"])))
         collect(s, pending, state)
         digests = trainers.digest.call().get().values()
         live.check()
