@@ -57,6 +57,8 @@ class Runtime:
         self.core = core
         self.lock = threading.Lock()  # guards core
         self._drive = threading.Lock()  # whoever holds it reads the inbox
+        self._want_lock = threading.Lock()
+        self._wanted = 0  # program threads reading the inbox themselves
         self.ctx = zmq.Context()
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds)
@@ -125,19 +127,24 @@ class Runtime:
     # --- the IO thread ---------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        """Drain the inbox whenever no program thread is doing it (see wait_for)."""
+        """Drain the inbox whenever no program thread is doing it (see wait_for).
+
+        While a waiter reads the inbox itself, this thread only naps: every thread woken
+        per reply costs tens of microseconds of CPU on a VM, more than the work itself.
+        """
         fd = self.inbox.sock.getsockopt(zmq.FD)
         next_tick = time.monotonic()
         while not self._stop.is_set():
             try:
-                select.select([fd], [], [], 0.01)
-                if self._drive.acquire(blocking=False):
-                    try:
-                        self._drain()
-                    finally:
-                        self._drive.release()
+                if self._wanted:
+                    time.sleep(0.002)
                 else:
-                    time.sleep(0.0005)  # a waiter is draining; it empties the inbox before letting go
+                    select.select([fd], [], [], 0.01)
+                    if self._drive.acquire(blocking=False):
+                        try:
+                            self._drain()
+                        finally:
+                            self._drive.release()
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + WATERMARK_INTERVAL_S
@@ -160,29 +167,36 @@ class Runtime:
             self._handle(frames)
 
     def wait_for(self, fut: Future, timeout: float | None) -> bool:
-        """Wait for a future, reading the inbox on this thread when nobody else is: the
-        reply is then handled where it is awaited, with no hand-off from the IO thread."""
+        """Wait for a future, reading the inbox on this thread: the reply is then handled
+        where it is awaited, with no hand-off from the IO thread."""
+        if fut.done():
+            return True
         deadline = None if timeout is None else time.monotonic() + timeout
         sock = self.inbox.sock
-        while not fut.done():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            if self._stop.is_set() or not self._drive.acquire(blocking=False):
-                fut.wait(0.002 if remaining is None else min(remaining, 0.002))
-                continue
-            try:
-                while not fut.done():
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        break
-                    ms = 50 if remaining is None else max(0, min(50, int(remaining * 1000)))
-                    if sock.poll(ms):
-                        self._drain()
-            finally:
-                self._drain()
-                self._drive.release()
-        return True
+        with self._want_lock:
+            self._wanted += 1
+        try:
+            while not fut.done():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if self._stop.is_set() or not self._drive.acquire(timeout=0.002):
+                    continue
+                try:
+                    while not fut.done():
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            break
+                        ms = 50 if remaining is None else max(0, min(50, int(remaining * 1000)))
+                        if sock.poll(ms):
+                            self._drain()
+                finally:
+                    self._drain()
+                    self._drive.release()
+            return True
+        finally:
+            with self._want_lock:
+                self._wanted -= 1
 
     def _handle(self, frames: list) -> None:
         try:
