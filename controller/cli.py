@@ -1,5 +1,5 @@
 """The `regent` command line: host agents, keys, running programs with standbys, the
-demo, and the journal tools (ls, show, verify, compact)."""
+demo, and the journal tools (ls, show, verify, compact, export, replay)."""
 
 from __future__ import annotations
 
@@ -108,9 +108,54 @@ def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
             removed = j.compact(args.session, keep_before_lsn=_prologue_end(j, args.session))
             print(f"compacted {removed} records of {args.session!r} covered by its checkpoint")
             return 0
+        if args.journal_command == "export":
+            return _export(j, args)
+        if args.journal_command == "replay":
+            # Read everything first, then close the store: the replay itself touches no
+            # store, no worker and no socket.
+            records = list(_with_bar(j.read(args.session), j, args.session, "reading journal"))
+            checkpoint = j.read_checkpoint(args.session)
+            url = j.url
     finally:
         j.close()
+    if args.journal_command == "replay":
+        from controller.audit import replay_program
+
+        argv = args.program_args[1:] if args.program_args[:1] == ["--"] else args.program_args
+        report = replay_program(args.program, args.session, records, checkpoint, argv, url)
+        print(report.render(), file=sys.stderr)
+        return 0 if report.ok else 1
     return 2
+
+
+def _with_bar(records, j, session: str, what: str):
+    """A progress bar over a session's records (on a terminal only)."""
+    from tqdm import tqdm
+
+    total = j.session_info(session).records
+    return tqdm(records, total=total, desc=what, unit="rec", disable=None, leave=False)
+
+
+def _export(j, args: argparse.Namespace) -> int:
+    import json
+
+    from controller.audit import export_jsonl, export_perfetto
+
+    records = _with_bar(j.read(args.session), j, args.session, f"exporting {args.session}")
+    out = open(args.output, "w") if args.output and args.output != "-" else sys.stdout
+    try:
+        if args.format == "jsonl":
+            for line in export_jsonl(records):
+                out.write(line + "\n")
+        else:
+            json.dump(export_perfetto(records, args.session), out)
+            out.write("\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+            print(f"wrote {args.output}" + (" (open it at https://ui.perfetto.dev)" if args.format == "perfetto" else ""),
+                  file=sys.stderr)
+    return 0
 
 
 def _prologue_end(j, session: str) -> int | None:
@@ -127,7 +172,9 @@ def _parse_time(text: str | None) -> float | None:
     try:
         return float(text)
     except ValueError:
-        return _dt.datetime.fromisoformat(text).timestamp()
+        when = _dt.datetime.fromisoformat(text)
+        # `journal show` prints UTC times: a time without a zone means UTC too.
+        return (when if when.tzinfo else when.replace(tzinfo=_dt.UTC)).timestamp()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("session")
     compact = jsub.add_parser("compact", help="delete log records covered by the latest checkpoint")
     compact.add_argument("session")
-    for sp in (show, verify, compact):
+    export = jsub.add_parser("export", help="a session as a Perfetto trace (ui.perfetto.dev) or JSON lines")
+    export.add_argument("session")
+    export.add_argument("--format", choices=("perfetto", "jsonl"), default="perfetto")
+    export.add_argument("-o", "--output", help="file to write (default: stdout)")
+    replay = jsub.add_parser(
+        "replay", help="re-run a controller program against a session's journal with no workers (audit)",
+        description="Re-run PROGRAM against the recorded journal of SESSION: every result comes from the "
+                    "journal, no process is started and no socket opened. Exits 0 if the program makes the "
+                    "recorded calls in order, 1 with the first divergence otherwise.")
+    replay.add_argument("session")
+    replay.add_argument("--program", required=True, help="the controller program (a .py file)")
+    replay.add_argument("program_args", nargs=argparse.REMAINDER,
+                        help="arguments for the program, after --, as it ran (e.g. -- --session NAME)")
+    for sp in (show, verify, compact, export, replay):
         sp.add_argument("--journal", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 

@@ -82,6 +82,17 @@ class Session:
     holds leadership before a standby takes over.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Session:
+        # Audit replay (`regent journal replay`, controller/audit.py): inside an audit, the
+        # program's Session is an AuditSession, answered from the recorded journal with no
+        # store, host agent or socket. Nothing else in this class knows about audits.
+        if cls is Session:
+            from controller import audit
+
+            if audit.active() is not None:
+                return super().__new__(audit.AuditSession)
+        return super().__new__(cls)
+
     def __init__(self, name: str, journal: str | None = None, *, lease_ttl_s: float | None = None,
                  campaign_timeout: float | None = None, links: Any = None,
                  orphan_timeout_s: float | None = None):

@@ -8,12 +8,14 @@ one-sidedly, so the weights never pass through the controller.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from model import Config, Corpus, batch_key, build, digest, flat_params
+from model import Config, Corpus, batch_key, build, deterministic, digest, flat_params
 
 from hipcore import RDMABuffer, shared_tensor
 from worker import Actor, context, endpoint
@@ -21,19 +23,31 @@ from worker import Actor, context, endpoint
 
 class Trainer(Actor):
     """One data-parallel replica: every replica starts from the same weights and applies
-    the same averaged gradients, so all of them hold the same model after each step."""
+    the same averaged gradients, so all of them hold the same model after each step.
+
+    `step` is async and runs on one dedicated thread: the collective in it must not block
+    the proc's message loop. If a controller dies after sending step k+1 to replica 0 but
+    not to replica 1, replica 0 sits in the all-reduce of step k+1; the standby first asks
+    again for step k, and replica 0 can only answer that (from its dedupe cache) while the
+    all-reduce waits if its loop is free.
+    """
 
     def __init__(self, cfg: dict):
         self.cfg = Config(**cfg)
         self.corpus = Corpus()
+        self.compute = ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self.compute.submit(deterministic).result()  # thread settings are per thread
         self.model = build(self.cfg, self.corpus.vocab)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr)
         self.published: torch.Tensor | None = None
         self.buffer: RDMABuffer | None = None
 
     @endpoint
-    def step(self, step: int) -> float:
+    async def step(self, step: int) -> float:
         """One optimizer step on this replica's batch for `step`; returns the mean loss."""
+        return await asyncio.get_running_loop().run_in_executor(self.compute, self._step, step)
+
+    def _step(self, step: int) -> float:
         rank, world = dist.get_rank(), dist.get_world_size()
         x, y = self.corpus.batch("train", self.cfg, batch_key(self.cfg, step, rank))
         _, loss = self.model(x, y)
