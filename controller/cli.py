@@ -121,8 +121,7 @@ def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
     if args.journal_command == "replay":
         from controller.audit import replay_program
 
-        argv = args.program_args[1:] if args.program_args[:1] == ["--"] else args.program_args
-        report = replay_program(args.program, args.session, records, checkpoint, argv, url)
+        report = replay_program(args.program, args.session, records, checkpoint, rest, url)
         print(report.render(), file=sys.stderr)
         return 0 if report.ok else 1
     return 2
@@ -219,11 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", help="re-run a controller program against a session's journal with no workers (audit)",
         description="Re-run PROGRAM against the recorded journal of SESSION: every result comes from the "
                     "journal, no process is started and no socket opened. Exits 0 if the program makes the "
-                    "recorded calls in order, 1 with the first divergence otherwise.")
+                    "recorded calls in order, 1 with the first divergence otherwise. Arguments for the program "
+                    "go after --, as it ran: regent journal replay S --program p.py -- --session S")
     replay.add_argument("session")
     replay.add_argument("--program", required=True, help="the controller program (a .py file)")
-    replay.add_argument("program_args", nargs=argparse.REMAINDER,
-                        help="arguments for the program, after --, as it ran (e.g. -- --session NAME)")
     for sp in (show, verify, compact, export, replay):
         sp.add_argument("--journal", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
@@ -240,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         args, rest = parser.parse_args(argv[:1]), argv[1:]
     elif argv and argv[0] == "run":
         args, rest = parser.parse_known_args(argv)
+    elif argv and argv[0] == "journal" and "--" in argv:  # replay: the program's own arguments
+        cut = argv.index("--")
+        args, rest = parser.parse_args(argv[:cut]), argv[cut + 1:]
     else:
         args, rest = parser.parse_args(argv), []
     return _COMMANDS[args.command](args, rest)

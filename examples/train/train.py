@@ -48,11 +48,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     cfg = TINY if args.tiny else FULL
     steps = args.steps or cfg.steps
-    directory = args.checkpoint_dir or tempfile.mkdtemp(prefix=f"regent-{args.session}-ckpt-")
     with Session(args.session, journal=args.journal, lease_ttl_s=args.lease_ttl) as s:
         if args.leader_file:
             with open(args.leader_file, "a") as f:
                 f.write(f"{os.getpid()} {time.time()}\n")
+        # A fresh directory differs between runs: asked of the session, so a replay sees the same.
+        directory = args.checkpoint_dir or s.side_effect(
+            lambda: tempfile.mkdtemp(prefix=f"regent-{args.session}-ckpt-"))
         procs = s.spawn_procs(per_host={"procs": 3})
         trainer_procs = procs.slice(procs=slice(0, 2))
         trainer_procs.init_process_group()  # gloo on CPU: gradients are all-reduced through it
