@@ -93,7 +93,8 @@ class Runtime:
         n = next(self._req_ids)
         fut: Future = Future()
         self._requests[n] = fut
-        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address, **fields}
+        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address,
+                "orphan_s": self.orphan_timeout_s, **fields}
         try:
             self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
             if not fut.wait(timeout):

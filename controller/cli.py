@@ -158,11 +158,13 @@ def _export(j, args: argparse.Namespace) -> int:
 
 
 def _prologue_end(j, session: str) -> int | None:
-    """The program's prologue (meshes made before resume()) is kept: a replay needs it."""
+    """The program's prologue (meshes made before resume(), and the resume record itself) is
+    kept: a replay needs it. Without the resume record a takeover would take resume() for a
+    new call and start over from the default state."""
     ckpt = j.read_checkpoint(session)
-    if not ckpt:
+    if not ckpt or ckpt["data"].get("resume_lsn") is None:
         return None
-    return ckpt["data"].get("resume_lsn")
+    return ckpt["data"]["resume_lsn"] + 1
 
 
 def _parse_time(text: str | None) -> float | None:

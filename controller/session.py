@@ -125,9 +125,9 @@ class Session:
         self._marks: collections.deque = collections.deque()
         self._safe_through = -1
         self.runtime = Runtime(self.sid, self.epoch, self.core, links)
+        self.runtime.orphan_timeout_s = orphan_timeout_s
         self.runtime.record_result = self._record_result
         self.runtime.durable_through = self._durable_through
-        self.runtime.orphan_timeout_s = orphan_timeout_s
         self._supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                       _sys_path())
         self._hosts: list[str] = []
