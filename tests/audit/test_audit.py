@@ -226,3 +226,24 @@ def test_journal_show_filters_by_actor_endpoint_errors_and_time(recorded):
     assert shown and all(ts[lsn] >= mid.ts for lsn in shown) and mid.lsn in shown
     earlier = [int(line.split()[0]) for line in show("--until", repr(mid.ts))]
     assert all(ts[lsn] <= mid.ts for lsn in earlier) and len(earlier) + len(shown) >= len(everything)
+
+
+def test_a_run_that_has_not_ended_passes_up_to_where_its_journal_stops(recorded, sealed, monkeypatch):
+    # The journal as a standby would find it mid-run: the first 60% of the records, no end.
+    cut = recorded.records[: len(recorded.records) * 6 // 10]
+    assert all(r.kind != "session_end" for r in cut)
+    monkeypatch.setenv("REGENT_TEST_SESSION", recorded.session)
+    monkeypatch.setenv("REGENT_TEST_STEPS", str(STEPS))
+    report = replay_program(str(LEDGER), recorded.session, cut, None, progress=False)
+    assert report.ok, report.render()
+    assert "has not ended" in report.outcome
+    assert report.calls == sum(1 for r in cut if r.kind == "call")
+
+
+def test_a_program_that_stops_early_diverges_where_the_journal_goes_on(recorded, sealed, monkeypatch):
+    report = _replay(recorded, monkeypatch, REGENT_TEST_STEPS=str(STEPS - 5))
+    assert not report.ok
+    posts = [r.data["s"] for r in recorded.records if r.kind == "call" and r.data.get("m") == "post"
+             and r.data.get("k") == "call"]
+    assert report.divergence["seq"] == posts[STEPS - 5]
+    assert (report.divergence["journaled"]["method"], report.divergence["new"]["method"]) == ("post", "count")
