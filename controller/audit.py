@@ -292,7 +292,6 @@ class AuditSession(Session):
         self._lost = None
         self.stats = {"replayed": 0, "resent": 0, "live": 0}
         self._log = structlog.get_logger("regent.program").bind(session=name)
-        self._ckpt_state_checked = False
 
     @property
     def role(self) -> str:
@@ -451,7 +450,18 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
     global _active
     from tqdm import tqdm
 
-    index = ReplayIndex(tqdm(records, desc="reading journal", unit="rec", disable=_no_bar(progress), leave=False))
+    ending: list[dict] = []  # the run's end record: how it ended
+
+    def watch(recs: Iterable) -> Iterator:
+        for rec in recs:
+            if rec.kind == START:
+                ending.clear()
+            elif rec.kind == END:
+                ending.append(rec.data)
+            yield rec
+
+    index = ReplayIndex(watch(tqdm(records, desc="reading journal", unit="rec", disable=_no_bar(progress),
+                                   leave=False)))
     ctx = AuditContext(session, index, checkpoint, url)
     ctx.bar = tqdm(total=index.max_seq + 1, desc=f"replaying {session}", unit="call", disable=_no_bar(progress),
                    leave=False)
@@ -474,7 +484,11 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
         outcome = "the program exited" + ("" if ok else f" with status {e.code}")
     except Exception as e:  # noqa: BLE001 - the program's own failure, reported as such
         error = e
-        ok, outcome = False, f"the program raised {type(e).__name__}: {e}"
+        recorded = ending[-1].get("error") if ending else None
+        if recorded is not None and recorded == repr(e)[:2000]:
+            ok, outcome = True, f"the program failed as the recorded run did: {type(e).__name__}: {e}"
+        else:
+            ok, outcome = False, f"the program raised {type(e).__name__}: {e}"
     finally:
         _active = None
         sys.argv = old_argv
