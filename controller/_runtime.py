@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.futures import Future
@@ -24,7 +25,7 @@ from worker import _wire as wire
 from worker._wire import Kind
 from worker.errors import ProtocolError
 from worker.security import load_credentials, stop_authenticator
-from worker.transport import Inbox, Outbox, PeerGone
+from worker.transport import Inbox, Outbox, Peer, PeerGone
 
 log = structlog.get_logger("regent.controller")
 
@@ -64,8 +65,15 @@ class Runtime:
         self.inbox = Inbox(self.ctx, self.creds)
         # links (chaos testing): .connect(addr) routes our connections, .advertise(addr)
         # the address workers reply to; both default to the direct path.
-        self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None)
+        # A TCP connection that breaks loses what was on the wire (zmq reconnects, it
+        # does not retransmit): outstanding calls are sent again under the same call id
+        # when a link comes back, and workers dedupe them.
+        self._monitors: list[tuple[zmq.Socket, Peer | None]] = []
+        self._reconnects: dict[int, int] = {}
+        self._resend_all = False
+        self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None, on_new=self._watch)
         self.reply_address = links.advertise(self.inbox.address) if links else self.inbox.address
+        self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
         self.procs: dict[str, ProcRef] = {}
         self.hosts: dict[str, str] = {}  # host address -> last hello
         self._requests: dict[int, Future] = {}
@@ -289,7 +297,49 @@ class Runtime:
                 log.warning("proc did not confirm the new epoch", proc=proc.id)
             self._requests.pop(n, None)
 
+    def _watch(self, peer: Peer) -> None:
+        mon = peer.sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self._monitors.append((mon, peer))
+
+    def _check_links(self) -> None:
+        """Resend outstanding calls over links that broke and came back."""
+        peers: set[str] = set()
+        for mon, peer in list(self._monitors):
+            while True:
+                try:
+                    event = recv_monitor_message(mon, zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    break
+                if peer is None:  # a worker's reply link to our inbox broke
+                    self._resend_all = True
+                    continue
+                seen = self._reconnects.get(id(peer), 0) + 1
+                self._reconnects[id(peer)] = seen
+                if seen > 1:
+                    peers.add(peer.address)
+                    log.info("link to a worker came back; resending its outstanding calls", peer=peer.address,
+                             zmq_event=str(event.get("event")))
+        if not peers and not self._resend_all:
+            return
+        everything, self._resend_all = self._resend_all, False
+        with self.lock:
+            pending = [(c, r) for c in self.core.calls.values() if c.wire is not None
+                       for r in c.targets if r not in c.results]
+        for call, rank in pending:
+            kind, base, frames, metas, procs = call.wire
+            proc = procs[rank]
+            if not proc.alive or not (everything or self.outbox.route_of(proc.address) in peers):
+                continue
+            meta = {**base, "pt": rank, **(metas[rank] if metas else {})}
+            try:
+                self.outbox.peer(proc.address).try_send(wire.encode(kind, meta, frames))
+            except PeerGone:
+                pass
+
     def _tick(self, now: float) -> None:
+        self._check_links()
         with self.lock:
             through = self.core.completed_through
         if self.durable_through is not None:

@@ -30,6 +30,7 @@ class PendingCall:
     targets: dict[int, str]  # point rank -> proc id
     sink: Any = None  # owned by the edge: how outcomes reach the program
     results: dict[int, Outcome] = field(default_factory=dict)
+    wire: Any = None  # owned by the edge: enough to send the call again
 
     @property
     def complete(self) -> bool:

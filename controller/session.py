@@ -539,6 +539,7 @@ class Session:
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
+        call.wire = (wire_kind, dict(base), frames, metas, procs)
         for r in ranks:
             res = jc.results.get(r) if jc is not None else None
             if res is not None and "big" not in res:

@@ -52,13 +52,16 @@ class PeerGone(Exception):
 class Peer:
     """A PUSH socket to one inbox. Sends are serialised by a lock so any thread may send."""
 
-    def __init__(self, ctx: zmq.Context, creds: Credentials, address: str):
+    def __init__(self, ctx: zmq.Context, creds: Credentials, address: str,
+                 before_connect: Callable[[Peer], None] | None = None):
         self.address = address
         self.sock = ctx.socket(zmq.PUSH)
         secure_client(self.sock, creds)
         self.sock.sndhwm = HWM
         self.sock.linger = 0
         self.sock.immediate = False
+        if before_connect is not None:  # e.g. a monitor that must see the first connect too
+            before_connect(self)
         self.sock.connect(address)
         self.lock = threading.Lock()
 
@@ -92,10 +95,12 @@ class Outbox:
     """Peers by address, created on first use. `route` may redirect a connection (a chaos
     proxy in front of a peer, say) while callers keep using the peer's own address."""
 
-    def __init__(self, ctx: zmq.Context, creds: Credentials, route: Callable[[str], str] | None = None):
+    def __init__(self, ctx: zmq.Context, creds: Credentials, route: Callable[[str], str] | None = None,
+                 on_new: Callable[[Peer], None] | None = None):
         self.ctx = ctx
         self.creds = creds
         self.route = route
+        self.on_new = on_new
         self._peers: dict[str, Peer] = {}
         self._lock = threading.Lock()
 
@@ -106,8 +111,12 @@ class Outbox:
                 p = self._peers.get(address)
                 if p is None:
                     target = self.route(address) if self.route else address
-                    p = self._peers[address] = Peer(self.ctx, self.creds, target)
+                    p = self._peers[address] = Peer(self.ctx, self.creds, target, self.on_new)
         return p
+
+    def route_of(self, address: str) -> str:
+        """The address a connection to `address` actually goes to."""
+        return self.route(address) if self.route else address
 
     def drop(self, address: str) -> None:
         with self._lock:
