@@ -18,6 +18,7 @@ import random as _random
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -70,6 +71,15 @@ def _raise_handoff(signum: int, frame: object) -> None:
     raise Handoff("SIGTERM: handing the session over to a standby")
 
 
+class RunFinished(SystemExit):
+    """A standby's primary finished the run: the standby has nothing to do (exit status 0)."""
+
+    def __init__(self, message: str):
+        super().__init__(0)
+        self.message = message
+        sys.stderr.write(message + "\n")
+
+
 class Session:
     """A regent session: `with Session("name") as s: ...`.
 
@@ -110,6 +120,14 @@ class Session:
         self.takeover_at = time.monotonic()
         self.epoch = self.lead.epoch
         previous = ReplayIndex(self.journal.read(name))
+        if self.waited and previous.ended:
+            # The primary this process stood by for finished the run: there is nothing to
+            # take over, and starting the program again would run every call a second time.
+            self.lead.resign()
+            self.lead.close()
+            self.journal.close()
+            raise RunFinished(f"session {name!r}: the run this standby waited on ({previous.run}) has "
+                              "finished; exiting without running it again")
         if previous.run is not None and not previous.ended:
             self._replay: ReplayIndex | None = previous
             self.run_id = previous.run
@@ -633,10 +651,8 @@ def _outcome_of(res: dict) -> Outcome:
 
 
 def _sys_path() -> list[str]:
-    import sys
-
     cwd = os.getcwd()
     return [p or cwd for p in sys.path]
 
 
-__all__ = ["Handoff", "NonDeterminismError", "Session"]
+__all__ = ["Handoff", "NonDeterminismError", "RunFinished", "Session"]

@@ -143,3 +143,17 @@ def test_a_program_changed_at_seq_k_fails_replay_naming_k(cluster_factory):
     # Seqs 0-3 are this_host, spawn_procs, spawn and now(); step i is seq 4 + i.
     assert "changed10" not in out
     assert "non-determinism at seq 14:" in text and "call w.work" in text
+
+
+def test_a_standby_whose_primary_finishes_the_run_exits_without_running_it_again(cluster_factory):
+    c = cluster_factory("finished", steps=30)
+    c.start()
+    c.start()
+    first = c.by_pid(c.wait_leader(1))
+    result = c.finish(first)
+    check_exactly_once(result, 30)
+    standby = next(p for p in c.procs if p is not first)
+    out, _ = standby.communicate(timeout=30)
+    assert standby.returncode == 0
+    assert out.strip() == ""  # it printed no result: it ran nothing
+    assert "has finished; exiting without running it again" in c.log_of(standby.pid).read_text()
