@@ -278,8 +278,12 @@ class Runtime:
             if done is not None:
                 call.sink.deliver(call, point)
 
-    def fence_procs(self, procs: list[ProcRef], timeout: float = 5.0) -> None:
-        """Raise every proc's epoch to ours and wait for each live one to confirm."""
+    def fence_procs(self, procs: list[ProcRef], timeout: float = 1.0) -> None:
+        """Raise every proc's epoch to ours; wait (briefly) for each live one to confirm.
+
+        A proc that does not answer in time is not waited for: every message we send it
+        carries our epoch anyway, and a deposed primary's calls are ones this program
+        makes again under the same ids, so the fence is a guard, not a gate."""
         waits = []
         for proc in procs:
             n = next(self._req_ids)

@@ -236,7 +236,7 @@ class Session:
         hosts = {jc.value for jc in self._replay.calls.values() if jc.kind == "this_host"}
         for host in sorted(h for h in hosts if isinstance(h, str)):
             try:
-                reply = self.runtime.host_request(host, "hello", timeout=3.0)
+                reply = self.runtime.host_request(host, "hello", timeout=2.0)
             except TimeoutError:
                 log.warning("host agent from the journal did not answer", host=host)
                 continue
