@@ -22,6 +22,17 @@ def configure_logging(only_if_unconfigured: bool = False) -> None:
             structlog.dev.ConsoleRenderer(colors=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),
         cache_logger_on_first_use=True,
     )
+
+
+class _Stderr:
+    """Whatever sys.stderr is at the moment of writing: a test runner or a program may
+    swap (and close) the stream a logger was configured with."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
