@@ -46,6 +46,7 @@ class ProcRef:
     death: str = ""
     key: str = ""  # stable across replacements: calls target it, deaths are matched by it
     env: dict = field(default_factory=dict)  # what the host agent was asked to start it with
+    stopped: bool = False  # the program stopped it: not a failure, never restarted
 
     def __post_init__(self) -> None:
         self.key = self.key or self.id

@@ -512,7 +512,24 @@ class Session:
         sink.future.get()
 
     def _stop_procs(self, mesh: ProcMesh) -> None:
-        raise NotImplementedError("stopping a part of a session's procs lands with supervision (issue 4)")
+        """Stop these procs and the actors on them; supervision does not bring them back."""
+        procs = mesh.procs()
+        keys = [p.key for p in procs]
+        digest = wire.digest([msgpack.packb(keys)])
+        seq = self._issue()
+        if self._journaled(seq, "stop_procs", "", "stop_procs", digest) is None:
+            self._submit(CALL, {"s": seq, "k": "stop_procs", "a": "", "m": "stop_procs", "d": digest, "pts": []})
+        for proc in procs:
+            proc.stopped = True
+        by_host: dict[str, list[str]] = {}
+        for proc in procs:
+            by_host.setdefault(proc.host, []).append(proc.id)
+        for host, ids in by_host.items():
+            self.runtime.host_request(host, "stop_procs", ids=ids, timeout=30.0)
+        for proc in procs:
+            self.runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
+        with self.runtime.lock:
+            self.core.finished(seq)
 
     # --- the call path ---------------------------------------------------------------
 

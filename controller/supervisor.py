@@ -85,6 +85,8 @@ class Supervisor:
     # --- failures (any thread) --------------------------------------------------------
 
     def _on_proc_death(self, proc: ProcRef) -> None:
+        if proc.stopped:
+            return
         for state in list(self.meshes.values()):
             for rank, p in enumerate(state.procs):
                 if p is proc:

@@ -169,6 +169,10 @@ class HostAgent:
         elif op == "stop_session":
             self._stop_session(sid)
             self._reply(rt, sid, n)
+        elif op == "stop_procs":
+            ids = meta.get("ids") or []
+            self._stop_procs(state, [i for i in ids if isinstance(i, str)])
+            self._reply(rt, sid, n)
         elif op == "list":
             self._reply(rt, sid, n, procs=self._proc_list(state))
         else:
@@ -307,11 +311,19 @@ class HostAgent:
             self._send(rt, event)
         state.procs.pop(proc.id, None)
 
+    def _stop_procs(self, state: _SessionState, ids: list[str]) -> None:
+        """Stop some of a session's procs (SIGTERM, then SIGKILL after the grace period)."""
+        self._terminate([p for i in ids if (p := state.procs.pop(i, None)) is not None and p.exit_status is None])
+
     def _stop_session(self, sid: str) -> None:
         state = self.sessions.pop(sid, None)
         if state is None:
             return
         live = [p for p in state.procs.values() if p.exit_status is None]
+        self._terminate(live)
+        log.info("session stopped", session=sid, procs=len(live))
+
+    def _terminate(self, live: list[_Proc]) -> None:
         for p in live:
             _signal(p.popen, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
@@ -323,7 +335,6 @@ class HostAgent:
                 p.popen.wait()
             self.by_pidfd.pop(p.pidfd, None)
             os.close(p.pidfd)
-        log.info("session stopped", session=sid, procs=len(live))
 
 
 def _bound_env(env: dict[str, str]) -> dict[str, str]:

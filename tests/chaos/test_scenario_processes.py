@@ -17,7 +17,7 @@ from chaos.run import run_schedule
 
 pytestmark = pytest.mark.chaos
 
-LONG = 400  # steps of the runs that must outlast their faults (one shared fault-free run)
+LONG = 800  # steps of the runs that must outlast their faults (one shared fault-free run)
 PACED = {"REGENT_CHAOS_STEP_S": "0.02"}  # about 10 s live: results do not depend on the pace
 
 
@@ -130,8 +130,6 @@ def test_a_sigkilled_host_agent_leaves_procs_running_and_calls_flowing(toxiproxy
         assert_verdict(run, "host agent SIGKILL")
         after = [_proc_pid(session, i) for i in range(3)]
         assert after == seen["before"] and None not in after, (seen, after)
-        log = run.cluster.winner.log_path.read_text()
-        assert "could not stop the session on a host" in log
     finally:
         for pid in [_proc_pid(session, i) for i in range(3)]:
             if pid:

@@ -239,7 +239,7 @@ def test_runner_applies_each_fault_for_its_duration_then_undoes_it(
         assert runner.wait(10)
     assert runner.errors == []
     assert net[link].toxics() == [] and net[link].refresh().enabled
-    assert process_state(processes["controller"]) in ("S", "R")
+    assert process_state(processes["controller"]) in ("S", "R", "D")  # D: a brief uninterruptible wait is still running
     round_trip(address)
 
     events = runner.events()
@@ -287,7 +287,7 @@ def test_stop_undoes_faults_that_have_no_duration(
     assert runner.wait(5)  # everything fired; nothing timed is left
     assert process_state(pid) == "T" and not net["client->echo"].refresh().enabled
     runner.stop()
-    assert process_state(pid) in ("S", "R")
+    assert process_state(pid) in ("S", "R", "D")  # D: a brief uninterruptible wait is still running
     assert net["client->echo"].refresh().enabled and net["client->echo"].toxics() == []
 
 

@@ -83,6 +83,19 @@ class Cluster:
                 raise TimeoutError(f"controller {pid} did not reach step {step}\n{self.log_tail()}")
             time.sleep(0.005)
 
+    def wait_live_steps(self, pid: int, n: int, timeout: float = 60.0) -> bool:
+        """Until the controller with this pid has run n steps live; False if it exited first."""
+        log = self.log_of(pid)
+        proc = self.by_pid(pid)
+        deadline = time.monotonic() + timeout
+        while log.read_text().count("step ") < n:
+            if proc.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"controller {pid} did not run {n} steps\n{self.log_tail()}")
+            time.sleep(0.002)
+        return True
+
     def by_pid(self, pid: int) -> subprocess.Popen:
         return next(p for p in self.procs if p.pid == pid)
 

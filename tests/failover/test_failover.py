@@ -63,10 +63,14 @@ def test_standby_replays_to_each_kill_point_and_runs_every_call_once(cluster_fac
     leader = 1
     while kills < 30:
         pid = c.wait_leader(leader, timeout=60)
-        time.sleep(rng.uniform(0.0, 0.25))
+        # A random point: during the takeover itself (0 steps), or a few live steps in,
+        # plus a random sub-step delay so kills also land inside calls.
+        if not c.wait_live_steps(pid, rng.randint(0, 8)):
+            break  # the program finished before this kill point
+        time.sleep(rng.uniform(0.0, 0.01))
         proc = c.by_pid(pid)
         if proc.poll() is not None:
-            break  # the program finished before this kill point
+            break
         os.kill(pid, signal.SIGKILL)
         proc.wait()
         kills += 1

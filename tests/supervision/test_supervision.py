@@ -166,3 +166,18 @@ def test_backoff_spaces_consecutive_restarts():
         restarts = [e["t"] for e in s._supervisor.events if e["ev"] == "restart"]
         for f, r, d in zip(failures, restarts, delays, strict=True):
             assert r - f >= d
+
+
+def test_stopping_procs_stops_their_actors_and_supervision_leaves_them_stopped():
+    with Session("stop-procs") as s:
+        procs = s.spawn_procs(per_host={"procs": 2})
+        mesh = procs.spawn("m", Member, restart="permanent")
+        pids = [pid for pid, _ in mesh.info.call().get().values()]
+        procs.slice(procs=0).stop()
+        time.sleep(0.5)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[0], 0)
+        with pytest.raises(SupervisionError, match="stopped by the program"):
+            mesh.slice(procs=0).info.call_one().get(timeout=5)
+        assert mesh.slice(procs=1).info.call_one().get(timeout=5)[0] == pids[1]
+        assert not [e for e in s._supervisor.events if e["ev"] == "restart"]
