@@ -30,6 +30,10 @@ from worker.transport import Inbox, Outbox, Peer, PeerGone
 log = structlog.get_logger("regent.controller")
 
 WATERMARK_INTERVAL_S = 0.2
+# A call unanswered this long is sent again under the same id (workers dedupe: a repeat
+# joins the execution in flight or gets the cached result); the wait then doubles.
+RESEND_FIRST_S = 3.0
+RESEND_MAX_S = 60.0
 HOST_HELLO_INTERVAL_S = 1.0
 
 
@@ -72,6 +76,7 @@ class Runtime:
         self._monitors: list[tuple[zmq.Socket, Peer | None]] = []
         self._reconnects: dict[int, int] = {}
         self._resend_all = False
+        self._next_overdue_scan = 0.0
         self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None, on_new=self._watch)
         self.reply_address = links.advertise(self.inbox.address) if links else self.inbox.address
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
@@ -326,16 +331,30 @@ class Runtime:
                     peers.add(peer.address)
                     log.info("link to a worker came back; resending its outstanding calls", peer=peer.address,
                              zmq_event=str(event.get("event")))
-        if not peers and not self._resend_all:
-            return
+        now = time.monotonic()
         everything, self._resend_all = self._resend_all, False
+        overdue: set[int] = set()
+        if now >= self._next_overdue_scan:
+            self._next_overdue_scan = now + 1.0
+            with self.lock:
+                calls = [c for c in self.core.calls.values() if c.wire is not None]
+            for call in calls:
+                timer = call.wire[5]
+                if now - timer[0] >= timer[1]:
+                    # Whatever was lost without a visible disconnect is recovered here.
+                    overdue.add(call.seq)
+                    timer[0], timer[1] = now, min(timer[1] * 2, RESEND_MAX_S)
+        if not peers and not everything and not overdue:
+            return
         with self.lock:
             pending = [(c, r) for c in self.core.calls.values() if c.wire is not None
                        for r in c.targets if r not in c.results]
         for call, rank in pending:
-            kind, base, frames, metas, procs = call.wire
+            kind, base, frames, metas, procs, _ = call.wire
             proc = procs[rank]
-            if not proc.alive or not (everything or self.outbox.route_of(proc.address) in peers):
+            if not proc.alive:
+                continue
+            if not (everything or call.seq in overdue or self.outbox.route_of(proc.address) in peers):
                 continue
             meta = {**base, "pt": rank, **(metas[rank] if metas else {})}
             try:

@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 import structlog
 
-from controller._runtime import ProcRef, Runtime
+from controller._runtime import RESEND_FIRST_S, ProcRef, Runtime
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.ephemeral import NoJournal, NoWriter
 from controller.futures import Future, Point, point_of
@@ -195,6 +195,7 @@ class Session:
                 self.writer.flush(timeout=30)
                 log.info("handing the session over", session=self.name)
             elif not deposed:
+                self._settle(timeout=10.0)
                 self.writer.submit(END, {"error": repr(error)[:2000] if error else None})
                 self.writer.flush(timeout=30)
                 for host in self._hosts:
@@ -214,6 +215,18 @@ class Session:
                     self.lead.resign()
                 self.lead.close()
                 self.journal.close()
+
+    def _settle(self, timeout: float) -> None:
+        """Let calls still in flight (broadcasts the program never waited for) finish
+        before the run ends, so ending it does not cut them off."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.runtime.lock:
+                if not self.core.calls:
+                    return
+            time.sleep(0.005)
+        log.warning("ending the run with calls still outstanding", session=self.name,
+                    outstanding=len(self.core.calls))
 
     # --- leadership ------------------------------------------------------------------
 
@@ -574,7 +587,7 @@ class Session:
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
-        call.wire = (wire_kind, dict(base), frames, metas, procs)
+        call.wire = (wire_kind, dict(base), frames, metas, procs, [time.monotonic(), RESEND_FIRST_S])
         for r in ranks:
             res = jc.results.get(r) if jc is not None else None
             if res is not None and "big" not in res:

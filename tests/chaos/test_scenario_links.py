@@ -48,8 +48,9 @@ def test_a_bandwidth_limit_slows_arrays_in_both_directions_and_loses_none(toxipr
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "known bug: a broadcast cut by reset_peer on a controller->proc link is sometimes never resent "
-    "(no reconnect event reaches the controller's link monitor); seen once in a full-suite run"))
+    "open bug: in about 1 run in 5 one broadcast (always the same one, seq 76, point 1) is never "
+    "run and the run ends without waiting for it: its call leaves the pending table without a "
+    "journaled result. Reconnect resends and the overdue-resend timer did not cure it."))
 def test_reset_peer_mid_call_cuts_connections_and_every_call_still_completes(toxiproxy, etcd, baseline, tmp_path):
     steps, env = 90, {"REGENT_CHAOS_CALL_TIMEOUT_S": "2"}
     faults = []
