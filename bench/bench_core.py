@@ -539,21 +539,28 @@ def main(argv: list[str] | None = None) -> None:
     if a.floor_server:
         floor_server()
         return
-    # stdout carries the JSON and nothing else: whatever the runtime, a library or a child
-    # process writes to fd 1 during the run lands on stderr instead.
+    run_and_report(lambda: bench(a.quick, a.peers, a.peer_timeout, a.journal), summary, a.json_out)
+
+
+def run_and_report(run: Callable[[], dict], summary: Callable[[dict], None], json_out: Path | None) -> None:
+    """Run a bench with fd 1 pointed at stderr, then print its JSON (and write json_out).
+
+    stdout carries the JSON and nothing else: whatever the runtime, a library or a child
+    process writes to fd 1 during the run lands on stderr instead.
+    """
     sys.stdout.flush()
     json_fd = os.dup(1)
     os.dup2(2, 1)
     try:
-        report = bench(a.quick, a.peers, a.peer_timeout, a.journal)
+        report = run()
     finally:
         sys.stdout.flush()
         os.dup2(json_fd, 1)
         os.close(json_fd)
     summary(report)
     text = json.dumps(report)
-    if a.json_out:
-        a.json_out.write_text(text + "\n")
+    if json_out:
+        json_out.write_text(text + "\n")
     print(text, flush=True)
 
 

@@ -42,6 +42,7 @@ from bench_core import (  # noqa: E402
     latency_stats,
     private_regent_home,
     rate_stats,
+    run_and_report,
     run_floor,
 )
 
@@ -768,21 +769,7 @@ def main(argv: list[str] | None = None) -> None:
         sizes = Sizes(**{**asdict(sizes), "standby_calls": calls})
     # In-process sessions (the overhead figure) log at WARNING; the programs keep INFO.
     os.environ.setdefault("REGENT_LOG_LEVEL", "WARNING")
-    # stdout carries the JSON and nothing else.
-    sys.stdout.flush()
-    json_fd = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        report = bench(sizes, a.quick, a.seed, a.keep_workdir)
-    finally:
-        sys.stdout.flush()
-        os.dup2(json_fd, 1)
-        os.close(json_fd)
-    summary(report)
-    text = json.dumps(report)
-    if a.json_out:
-        a.json_out.write_text(text + "\n")
-    print(text, flush=True)
+    run_and_report(lambda: bench(sizes, a.quick, a.seed, a.keep_workdir), summary, a.json_out)
 
 
 if __name__ == "__main__":

@@ -173,12 +173,7 @@ class Runtime:
 
     def _drain(self) -> None:
         """Handle everything in the inbox. Caller holds the drive lock."""
-        sock = self.inbox.sock
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in self.inbox.pending():
             self._handle(frames)
 
     def wait_for(self, fut: Future, timeout: float | None) -> bool:

@@ -116,12 +116,7 @@ class HostAgent:
         self.ctx.destroy(linger=0)
 
     def _drain_inbox(self) -> None:
-        sock = self.inbox.sock
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in self.inbox.pending():
             self.last_activity = time.monotonic()
             try:
                 kind, meta, _ = wire.decode(frames)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import zmq
 
@@ -40,6 +40,14 @@ class Inbox:
         else:
             port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
+
+    def pending(self) -> Iterator[list]:
+        """Every message already waiting, without blocking (the caller owns the socket)."""
+        while True:
+            try:
+                yield self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
 
     def close(self) -> None:
         self.sock.close(linger=0)
