@@ -13,6 +13,23 @@ from typing import Protocol
 
 from .batching import Batch
 
+# A leader's beacon address travels in the stored holder value, after this tag, so that one
+# exact comparison of that value still fences every write.
+_BEACON_TAG = " beacon="
+
+
+def stored_holder(holder: str, beacon: str | None) -> str:
+    """The holder value a backend stores for `holder` serving a beacon at `beacon`."""
+    return holder if beacon is None else f"{holder}{_BEACON_TAG}{beacon}"
+
+
+def parse_stored_holder(value: str) -> tuple[str, str | None]:
+    """(holder, beacon address or None) of a stored holder value."""
+    holder, tag, beacon = value.rpartition(_BEACON_TAG)
+    if not tag or not holder or not beacon:
+        return value, None
+    return holder, beacon
+
 
 @dataclass(frozen=True, slots=True)
 class Grant:
@@ -25,6 +42,31 @@ class Grant:
     ttl_s: float
     # time.monotonic() just before the lease was requested: the lease runs from no later.
     requested_at: float
+    # host:port of the holder's liveness beacon (journal/beacon.py), if it serves one.
+    beacon: str | None = None
+
+    @property
+    def stored_holder(self) -> str:
+        """The exact holder value in the store, which every fenced write compares."""
+        return stored_holder(self.holder, self.beacon)
+
+
+@dataclass(frozen=True, slots=True)
+class Incumbent:
+    """A session's current leader as the store holds it: what a standby may watch or evict."""
+
+    holder: str
+    epoch: int
+    beacon: str | None = None
+
+    @classmethod
+    def from_stored(cls, value: str, epoch: int) -> Incumbent:
+        holder, beacon = parse_stored_holder(value)
+        return cls(holder, epoch, beacon)
+
+    @property
+    def stored_holder(self) -> str:
+        return stored_holder(self.holder, self.beacon)
 
 
 class Backend(Protocol):
@@ -32,8 +74,13 @@ class Backend(Protocol):
     # How often a standby polls for a free leader slot.
     poll_interval_s: float
 
-    def try_acquire(self, session: str, holder: str, ttl_s: float) -> Grant | None:
-        """Become leader if nobody is; return None if someone else leads."""
+    def try_acquire(
+        self, session: str, holder: str, ttl_s: float, *, beacon: str | None = None
+    ) -> Grant | None:
+        """Become leader if nobody is; return None if someone else leads.
+
+        `beacon` (host:port) is stored with the holder, for standbys to watch.
+        """
 
     def refresh(self, grant: Grant) -> bool:
         """Renew the lease; False if it is gone. Raises on transient errors."""
@@ -46,6 +93,18 @@ class Backend(Protocol):
 
     def leader(self, session: str) -> tuple[str, int] | None:
         """Current (holder, epoch) of a session, or None."""
+
+    def incumbent(self, session: str) -> Incumbent | None:
+        """Current leader of a session with its beacon address, or None."""
+
+    def evict(self, session: str, leader: Incumbent) -> bool:
+        """End exactly `leader`'s leadership now, as if its lease had run out.
+
+        Conditioned on the stored holder value and the epoch both matching, so a newer leader
+        (even one with the same holder name) is never touched. True if it was evicted, False
+        if it no longer led. Safe against a live leader: its next write is refused by the
+        fencing every write carries, and it notices at its next lease renewal.
+        """
 
     def put_batches(self, grant: Grant, batches: list[Batch]) -> None:
         """Store batches atomically, only if `grant` still leads; else raise LeadershipLost.

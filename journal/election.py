@@ -1,8 +1,10 @@
 """Leader election and fencing for one session: campaign, keep the lease alive, write fenced.
 
 A `Leadership` is the only way to write a session's journal. Its keepalive thread renews the
-lease every ttl/4 and declares the leadership lost once a full ttl has passed without a
-successful renewal; the store refuses writes from a deposed leader regardless.
+lease every ttl/3 and declares the leadership lost once a full ttl has passed without a
+successful renewal; the store refuses writes from a deposed leader regardless. A leader also
+serves a liveness beacon (journal/beacon.py), so that a standby can evict a leader whose
+process is gone instead of waiting out its lease; the lease stays the only authority.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 import structlog
 
 from . import codec
-from .backend import Backend, Grant
+from .backend import Backend, Grant, Incumbent, parse_stored_holder
 from .batching import pack
+from .beacon import Beacon, BeaconWatch, Gone, beacon_enabled
 from .errors import JournalError, JournalUnavailable, LeadershipLost
 
 log = structlog.get_logger("journal.election")
@@ -46,6 +49,40 @@ def _describe_leader(backend: Backend, session: str) -> str:
     return f"{current[0]!r} holds it in epoch {current[1]}"
 
 
+# How often a waiting standby reads who leads, to watch the right beacon.
+_LOOK_INTERVAL_S = 1.0
+
+
+def _evict(backend: Backend, session: str, holder: str, gone: Gone) -> None:
+    try:
+        evicted = backend.evict(session, gone.leader)
+    except JournalUnavailable as exc:
+        log.warning(
+            "could not evict a leader whose process is gone; waiting for its lease instead",
+            session=session,
+            leader=gone.leader.holder,
+            epoch=gone.leader.epoch,
+            error=str(exc),
+        )
+        return
+    if evicted:
+        log.info(
+            "evicted a dead leader",
+            session=session,
+            evicted=gone.leader.holder,
+            epoch=gone.leader.epoch,
+            by=holder,
+            reason=gone.reason,
+        )
+
+
+def _incumbent(backend: Backend, session: str) -> Incumbent | None:
+    try:
+        return backend.incumbent(session)
+    except JournalUnavailable:
+        return None
+
+
 def campaign(
     backend: Backend,
     session: str,
@@ -55,39 +92,73 @@ def campaign(
     timeout: float | None = None,
     on_waiting: Callable[[], None] | None = None,
 ) -> Leadership:
-    """Block until `holder` leads `session`; see `Journal.campaign`."""
+    """Block until `holder` leads `session`; see `Journal.campaign`.
+
+    While it waits, it watches the current leader's beacon (unless REGENT_BEACON=0) and
+    evicts that exact leader (same holder, same epoch) once its process is shown gone: see
+    `BeaconWatch` for when that is, and why it is safe.
+    """
     if ttl_s <= 0:
         raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+    if parse_stored_holder(holder)[1] is not None:
+        raise ValueError(f"holder {holder!r} may not contain ' beacon=' (the store uses it)")
     deadline = None if timeout is None else time.monotonic() + timeout
+    watching = beacon_enabled()
+    beacon = Beacon.open() if watching else None
+    watch: BeaconWatch | None = None
+    wake = threading.Event()
+    next_look = 0.0
     waited = False
-    while True:
-        try:
-            grant = backend.try_acquire(session, holder, ttl_s)
-        except JournalUnavailable as exc:
-            # A standby outlives store outages: it keeps waiting, within its own timeout.
+    try:
+        while True:
+            try:
+                grant = backend.try_acquire(
+                    session, holder, ttl_s, beacon=None if beacon is None else beacon.address
+                )
+            except JournalUnavailable as exc:
+                # A standby outlives store outages: it keeps waiting, within its own timeout.
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                log.warning("store unavailable while campaigning", session=session, error=str(exc))
+                grant = None
+            if grant is not None:
+                break
+            if not waited:
+                waited = True
+                log.info(
+                    "waiting as standby",
+                    session=session,
+                    holder=holder,
+                    leader=_describe_leader(backend, session),
+                )
+                if on_waiting is not None:
+                    on_waiting()
             if deadline is not None and time.monotonic() >= deadline:
-                raise
-            log.warning("store unavailable while campaigning", session=session, error=str(exc))
-            grant = None
-        if grant is not None:
-            break
-        if not waited:
-            waited = True
-            log.info(
-                "waiting as standby",
-                session=session,
-                holder=holder,
-                leader=_describe_leader(backend, session),
-            )
-            if on_waiting is not None:
-                on_waiting()
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"{holder!r} did not become leader of session {session!r} within {timeout:g}s "
-                f"({_describe_leader(backend, session)})"
-            )
-        time.sleep(backend.poll_interval_s)
-    lead = Leadership(backend, grant)
+                raise TimeoutError(
+                    f"{holder!r} did not become leader of session {session!r} within "
+                    f"{timeout:g}s ({_describe_leader(backend, session)})"
+                )
+            if watching:
+                if watch is None:
+                    watch = BeaconWatch(session, wake)
+                gone = watch.take_gone()
+                if gone is not None:
+                    _evict(backend, session, holder, gone)
+                if gone is not None or time.monotonic() >= next_look:
+                    watch.follow(_incumbent(backend, session))
+                    next_look = time.monotonic() + _LOOK_INTERVAL_S
+                if gone is not None:
+                    continue  # campaign again at once
+            if wake.wait(backend.poll_interval_s):
+                wake.clear()
+    except BaseException:
+        if beacon is not None:
+            beacon.close()
+        raise
+    finally:
+        if watch is not None:
+            watch.close()
+    lead = Leadership(backend, grant, beacon)
     try:
         lead._next_lsn = next_lsn_of(backend, session)
     except BaseException:
@@ -106,9 +177,11 @@ def campaign(
 class Leadership:
     """Proof that one holder leads one session, and the fenced writer of its journal."""
 
-    def __init__(self, backend: Backend, grant: Grant) -> None:
+    def __init__(self, backend: Backend, grant: Grant, beacon: Beacon | None = None) -> None:
         self._backend = backend
         self._grant = grant
+        # Served while this leadership is held; closed when it is resigned or lost.
+        self._beacon = beacon
         self._next_lsn = 0
         self._append_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -148,6 +221,11 @@ class Leadership:
         return self._grant.ttl_s
 
     @property
+    def beacon(self) -> str | None:
+        """host:port of this leader's liveness beacon, or None if it serves none."""
+        return self._grant.beacon
+
+    @property
     def next_lsn(self) -> int:
         return self._next_lsn
 
@@ -168,6 +246,7 @@ class Leadership:
             callbacks, self._callbacks = self._callbacks, []
         self.lost.set()
         self._stop.set()
+        self._close_beacon()
         log.warning(
             "leadership lost",
             session=self.session,
@@ -267,9 +346,17 @@ class Leadership:
                 return
             self._released = True
             still_held = self._lost_reason is None
-        if still_held:
-            self._backend.release(self._grant)
-            log.info("resigned", session=self.session, holder=self.holder, epoch=self.epoch)
+        try:
+            if still_held:
+                self._backend.release(self._grant)
+                log.info("resigned", session=self.session, holder=self.holder, epoch=self.epoch)
+        finally:
+            # After the release: a standby that sees the beacon close finds the leader gone.
+            self._close_beacon()
+
+    def _close_beacon(self) -> None:
+        if self._beacon is not None:
+            self._beacon.close()
 
     def close(self) -> None:
         """Stop the keepalive and release leadership if still held."""

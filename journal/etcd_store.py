@@ -1,10 +1,10 @@
 """The production journal backend: etcd v3, through pyetcd (python-etcd3 API).
 
-Layout under /regent/<session>/: `leader` (holder name, attached to a lease; its create
-revision is the epoch), `log/<first lsn, 16 hex digits>` (one batch of records per key),
-`checkpoint`, `compacted`. Every write is one transaction conditioned on the leader key, and
-is idempotent, so a retry after an ambiguous failure (etcd restarted mid-request) neither
-loses nor duplicates records.
+Layout under /regent/<session>/: `leader` (holder name and beacon address, attached to a
+lease; its create revision is the epoch), `log/<first lsn, 16 hex digits>` (one batch of
+records per key), `checkpoint`, `compacted`. Every write is one transaction conditioned on
+the leader key, and is idempotent, so a retry after an ambiguous failure (etcd restarted
+mid-request) neither loses nor duplicates records.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from .backend import Grant
+from .backend import Grant, Incumbent, parse_stored_holder, stored_holder
 from .batching import Batch
 from .errors import JournalError, JournalUnavailable, LeadershipLost
 
@@ -194,7 +194,9 @@ class EtcdStore:
 
     # leadership
 
-    def try_acquire(self, session: str, holder: str, ttl_s: float) -> Grant | None:
+    def try_acquire(
+        self, session: str, holder: str, ttl_s: float, *, beacon: str | None = None
+    ) -> Grant | None:
         key = _leader_key(session)
         value, _ = self._retry(lambda: self._client.get(key), what="read leader")
         if value is not None:
@@ -207,7 +209,7 @@ class EtcdStore:
             _, responses = self._retry(
                 lambda: self._txn(
                     [t.create(key) == 0],
-                    [t.put(key, holder.encode(), lease.id), t.get(key)],
+                    [t.put(key, stored_holder(holder, beacon).encode(), lease.id), t.get(key)],
                     [t.get(key)],
                 ),
                 what="campaign",
@@ -220,7 +222,13 @@ class EtcdStore:
         # attempt committed lands in the failure branch, yet the key is ours.
         if kvs and kvs[0][1].lease_id == lease.id:
             return Grant(
-                session, holder, kvs[0][1].create_revision, lease.id, float(lease.ttl), requested_at
+                session,
+                holder,
+                kvs[0][1].create_revision,
+                lease.id,
+                float(lease.ttl),
+                requested_at,
+                beacon,
             )
         self._revoke_quietly(lease.id)
         return None
@@ -249,23 +257,51 @@ class EtcdStore:
             if exc.code() != grpc.StatusCode.NOT_FOUND:
                 raise
 
-    def leader(self, session: str) -> tuple[str, int] | None:
+    def incumbent(self, session: str) -> Incumbent | None:
         value, meta = self._retry(
             lambda: self._client.get(_leader_key(session)), what="read leader"
         )
         if value is None:
             return None
-        return value.decode(), meta.create_revision
+        return Incumbent.from_stored(value.decode(), meta.create_revision)
+
+    def leader(self, session: str) -> tuple[str, int] | None:
+        current = self.incumbent(session)
+        return None if current is None else (current.holder, current.epoch)
+
+    def evict(self, session: str, leader: Incumbent) -> bool:
+        # Revoking the lease (rather than deleting the key) leaves nothing of the evicted
+        # leadership behind. The lease id comes from the same read that matched holder and
+        # epoch, and every campaign grants a fresh lease, so revoking it can only ever end
+        # `leader`'s leadership, even if the key changed hands since that read.
+        key = _leader_key(session)
+        value, meta = self._retry(lambda: self._client.get(key), what="read leader", within_s=2.0)
+        if value is None or meta.create_revision != leader.epoch:
+            return False
+        if value != leader.stored_holder.encode():
+            return False
+        try:
+            self._retry(
+                lambda: self._client.revoke_lease(meta.lease_id),
+                what="revoke the evicted leader's lease",
+                within_s=2.0,
+            )
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return False  # it expired or was released meanwhile
+            raise
+        return True
 
     def _fence(self, grant: Grant) -> list[Any]:
         t = self._client.transactions
         key = _leader_key(grant.session)
-        return [t.create(key) == grant.epoch, t.value(key) == grant.holder.encode()]
+        return [t.create(key) == grant.epoch, t.value(key) == grant.stored_holder.encode()]
 
     def _lost(self, grant: Grant, leader_kvs: list, what: str) -> LeadershipLost:
         if leader_kvs:
             value, meta = leader_kvs[0]
-            now_held = f"{value.decode()!r} holds it in epoch {meta.create_revision}"
+            holder = parse_stored_holder(value.decode())[0]
+            now_held = f"{holder!r} holds it in epoch {meta.create_revision}"
         else:
             now_held = "nobody holds it now"
             try:

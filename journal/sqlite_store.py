@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from .backend import Grant
+from .backend import Grant, Incumbent, parse_stored_holder, stored_holder
 from .batching import Batch
 from .errors import JournalError, JournalUnavailable, LeadershipLost
 
@@ -101,7 +101,9 @@ class SqliteStore:
 
     # leadership
 
-    def try_acquire(self, session: str, holder: str, ttl_s: float) -> Grant | None:
+    def try_acquire(
+        self, session: str, holder: str, ttl_s: float, *, beacon: str | None = None
+    ) -> Grant | None:
         conn = self._conn()
         row = conn.execute("SELECT expires_at FROM leader WHERE session = ?", (session,)).fetchone()
         if row is not None and row[0] > time.time():
@@ -126,9 +128,9 @@ class SqliteStore:
             conn.execute(
                 "INSERT OR REPLACE INTO leader (session, holder, epoch, expires_at) "
                 "VALUES (?, ?, ?, ?)",
-                (session, holder, epoch, now + ttl_s),
+                (session, stored_holder(holder, beacon), epoch, now + ttl_s),
             )
-        return Grant(session, holder, epoch, epoch, ttl_s, requested_at)
+        return Grant(session, holder, epoch, epoch, ttl_s, requested_at, beacon)
 
     def refresh(self, grant: Grant) -> bool:
         with self._write() as conn:
@@ -136,7 +138,7 @@ class SqliteStore:
             cur = conn.execute(
                 "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? "
                 "AND epoch = ? AND expires_at > ?",
-                (now + grant.ttl_s, grant.session, grant.holder, grant.epoch, now),
+                (now + grant.ttl_s, grant.session, grant.stored_holder, grant.epoch, now),
             )
             return cur.rowcount == 1
 
@@ -144,10 +146,10 @@ class SqliteStore:
         with self._write() as conn:
             conn.execute(
                 "DELETE FROM leader WHERE session = ? AND holder = ? AND epoch = ?",
-                (grant.session, grant.holder, grant.epoch),
+                (grant.session, grant.stored_holder, grant.epoch),
             )
 
-    def leader(self, session: str) -> tuple[str, int] | None:
+    def incumbent(self, session: str) -> Incumbent | None:
         row = (
             self._conn()
             .execute("SELECT holder, epoch, expires_at FROM leader WHERE session = ?", (session,))
@@ -155,19 +157,35 @@ class SqliteStore:
         )
         if row is None or row[2] <= time.time():
             return None
-        return row[0], row[1]
+        return Incumbent.from_stored(row[0], row[1])
+
+    def leader(self, session: str) -> tuple[str, int] | None:
+        current = self.incumbent(session)
+        return None if current is None else (current.holder, current.epoch)
+
+    def evict(self, session: str, leader: Incumbent) -> bool:
+        with self._write() as conn:
+            cur = conn.execute(
+                "DELETE FROM leader WHERE session = ? AND holder = ? AND epoch = ?",
+                (session, leader.stored_holder, leader.epoch),
+            )
+            return cur.rowcount == 1
 
     def _check_leader(self, conn: sqlite3.Connection, grant: Grant, what: str) -> None:
         row = conn.execute(
             "SELECT holder, epoch, expires_at FROM leader WHERE session = ?", (grant.session,)
         ).fetchone()
         now = time.time()
-        if row is not None and (row[0], row[1]) == (grant.holder, grant.epoch) and row[2] > now:
+        if (
+            row is not None
+            and (row[0], row[1]) == (grant.stored_holder, grant.epoch)
+            and row[2] > now
+        ):
             return
         if row is None or row[2] <= now:
             now_held = "nobody holds it now"
         else:
-            now_held = f"{row[0]!r} holds it in epoch {row[1]}"
+            now_held = f"{parse_stored_holder(row[0])[0]!r} holds it in epoch {row[1]}"
         raise LeadershipLost(
             f"{what} refused: {grant.holder!r} no longer leads session {grant.session!r} "
             f"(its epoch {grant.epoch} lease expired or was taken over; {now_held})"
@@ -184,7 +202,7 @@ class SqliteStore:
             self._check_leader(conn, grant, "append")
             conn.execute(
                 "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? AND epoch = ?",
-                (time.time() + grant.ttl_s, grant.session, grant.holder, grant.epoch),
+                (time.time() + grant.ttl_s, grant.session, grant.stored_holder, grant.epoch),
             )
             for batch in batches:
                 try:
