@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from journal import Journal, LeadershipLost, open_journal
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _campaign_in_thread(journal: Journal, session: str, holder: str, **kwargs):
-    result: dict = {}
-
-    def run() -> None:
-        try:
-            result["lead"] = journal.campaign(session, holder, **kwargs)
-            result["at"] = time.monotonic()
-        except BaseException as exc:
-            result["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, result
+from tests.journal.leaders import campaign_in_thread, leader_process
 
 
 def test_a_standby_waits_until_the_leader_resigns_then_takes_over_at_once(
@@ -38,7 +17,7 @@ def test_a_standby_waits_until_the_leader_resigns_then_takes_over_at_once(
 ):
     primary = journal.campaign(session, "primary")
     waiting = threading.Event()
-    thread, result = _campaign_in_thread(journal, session, "standby", on_waiting=waiting.set)
+    thread, result = campaign_in_thread(journal, session, "standby", on_waiting=waiting.set)
     assert waiting.wait(5)
     time.sleep(0.3)
     assert "lead" not in result, "standby became leader while the primary still held the lease"
@@ -67,7 +46,7 @@ def test_on_waiting_is_called_once_and_never_when_the_session_is_free(
     calls: list[int] = []
     first = journal.campaign(session, "a", on_waiting=lambda: calls.append(1))
     assert calls == []
-    thread, result = _campaign_in_thread(journal, session, "b", on_waiting=lambda: calls.append(2))
+    thread, result = campaign_in_thread(journal, session, "b", on_waiting=lambda: calls.append(2))
     time.sleep(0.5)
     first.resign()
     thread.join(5)
@@ -136,44 +115,24 @@ def test_a_leader_whose_lease_expires_notices_on_its_own(journal: Journal, sessi
     lead.close()
 
 
-_VICTIM = textwrap.dedent(
-    """
-    import sys, time
-    sys.path.insert(0, {root!r})
-    from journal import open_journal
-    lead = open_journal({url!r}).campaign({session!r}, "victim", ttl_s=1.0)
-    lead.append([("call", {{"i": 0}})])
-    print("LEADER", lead.epoch, lead.ttl_s, flush=True)
-    time.sleep(600)
-    """
-)
-
-
-def test_a_killed_leader_is_replaced_within_its_ttl(journal_url: str, session: str):
-    script = _VICTIM.format(root=str(ROOT), url=journal_url, session=session)
-    victim = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        line: list[str] = []
-        for text in victim.stdout:
-            line = text.split()
-            if line[:1] == ["LEADER"]:
-                break
-        assert line[:1] == ["LEADER"], "victim exited before becoming leader"
-        victim_epoch, ttl = int(line[1]), float(line[2])
-        with open_journal(journal_url) as journal:
-            thread, result = _campaign_in_thread(journal, session, "standby", timeout=ttl + 10)
-            time.sleep(0.3)
-            assert "lead" not in result
-            killed_at = time.monotonic()
-            os.kill(victim.pid, signal.SIGKILL)
-            thread.join(ttl + 10)
-            standby = result["lead"]
-            assert result["at"] - killed_at < ttl + 1.5
-            assert standby.epoch > victim_epoch
-            assert standby.next_lsn == 1
-            standby.close()
-    finally:
-        victim.kill()
-        victim.wait()
+def test_a_killed_leader_is_replaced_within_its_ttl(
+    journal_url: str, session: str, monkeypatch: pytest.MonkeyPatch
+):
+    # The lease alone: with the beacon on, the standby would not wait for it at all
+    # (test_journal_beacon.py).
+    monkeypatch.setenv("REGENT_BEACON", "0")
+    with (
+        leader_process(journal_url, session, ttl_s=1.0) as victim,
+        open_journal(journal_url) as journal,
+    ):
+        ttl = victim.ttl_s
+        thread, result = campaign_in_thread(journal, session, "standby", timeout=ttl + 10)
+        time.sleep(0.3)
+        assert "lead" not in result
+        killed_at = victim.send(signal.SIGKILL)
+        thread.join(ttl + 10)
+        standby = result["lead"]
+        assert result["at"] - killed_at < ttl + 1.5
+        assert standby.epoch > victim.epoch
+        assert standby.next_lsn == 1
+        standby.close()
