@@ -214,12 +214,15 @@ class Endpoint:
         self._mesh._session._call(self._mesh, self._method, args, kwargs, "choose", None, sink)
         return sink.future
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[tuple[Point, Any]]:
-        """Call every actor; yield (point, value) in completion order."""
+    def stream(self, *args: Any, **kwargs: Any) -> StreamResults:
+        """Call every actor; iterate (point, value) in completion order.
+
+        `for p, v in ep.stream(...)` waits as long as it takes; `ep.stream(...).iter(timeout=2.0)`
+        raises TimeoutError when the next value is not in within 2 s of the first wait."""
         sink = StreamSink(self._mesh._view)
         session = self._mesh._session
         session._call(self._mesh, self._method, args, kwargs, "stream", self._mesh._view.ranks, sink)
-        return session._stream_results(sink)
+        return StreamResults(session, sink)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Fire and forget to every actor; failures are logged, not raised."""
@@ -257,6 +260,29 @@ class GatherSink:
             self.future.set_exception(e)
         else:
             self.future.set_result(value)
+
+
+class StreamResults:
+    """The values of a `stream` call in completion order (an iterator of (point, value))."""
+
+    def __init__(self, session: Any, sink: StreamSink):
+        self._session = session
+        self._sink = sink
+        self._it: Iterator[tuple[Point, Any]] | None = None
+
+    def iter(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
+        """Iterate with a deadline: TimeoutError (journaled, so a replay raises it at the same
+        place) when the stream is not complete `timeout` seconds after iteration starts."""
+        if self._it is not None:
+            raise RuntimeError("this stream is already being iterated")
+        self._it = self._session._stream_results(self._sink, timeout)
+        return self._it
+
+    def __iter__(self) -> Iterator[tuple[Point, Any]]:
+        return self._it if self._it is not None else self.iter()
+
+    def __next__(self) -> tuple[Point, Any]:
+        return next(iter(self))
 
 
 class StreamSink:

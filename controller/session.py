@@ -14,6 +14,7 @@ import collections
 import itertools
 import os
 import pickle
+import queue
 import random as _random
 import secrets
 import signal
@@ -654,11 +655,13 @@ class Session:
         best = [r for r in live if load[r] == low]
         return best[next(self._choose_rr) % len(best)]
 
-    def _stream_results(self, sink: StreamSink) -> Iterator[tuple[Point, Any]]:
-        """Completion order, journaled durably before each value is seen; replayed as recorded."""
+    def _stream_results(self, sink: StreamSink, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
+        """Completion order, journaled durably before each value is seen; replayed as recorded.
+        A deadline that passed is journaled too, and replayed where it happened."""
         call = sink.call
         index = {r: i for i, r in enumerate(sink.view.ranks)}
         buffered: dict[int, None] = {}  # arrived but not yet yielded, in arrival order
+        deadline = None if timeout is None else time.monotonic() + timeout
         for i in range(len(sink.view.ranks)):
             key = (call.seq, "stream", i)
             if self._replay is not None and key in self._replay.obs:
@@ -666,12 +669,28 @@ class Session:
                 while rank not in buffered:
                     buffered[sink.queue.get()[1]] = None
             else:
+                n = self._timeouts.get(call.seq, 0)
+                if self._replay is not None and (call.seq, "timeout", n) in self._replay.obs:
+                    self._timeouts[call.seq] = n + 1
+                    raise TimeoutError(f"stream seq {call.seq} not complete after {timeout} s (replayed)")
                 if not buffered:
-                    buffered[sink.queue.get()[1]] = None
+                    buffered[self._next_streamed(call.seq, sink, deadline, timeout)] = None
                 rank = next(iter(buffered))
                 self._submit(OBS, {"s": call.seq, "w": "stream", "i": i, "v": rank}, durable=True)
             del buffered[rank]
             yield point_of(sink.view.dims, index[rank]), self._decode(call, call.results[rank])
+
+
+    def _next_streamed(self, seq: int, sink: StreamSink, deadline: float | None, timeout: float | None) -> int:
+        """The rank of the next arrival; TimeoutError (journaled first) once the deadline passed."""
+        try:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return sink.queue.get(timeout=wait)[1]
+        except queue.Empty:
+            n = self._timeouts.get(seq, 0)
+            self._timeouts[seq] = n + 1
+            self._submit(OBS, {"s": seq, "w": "timeout", "i": n, "v": timeout}, durable=True)
+            raise TimeoutError(f"stream seq {seq} not complete after {timeout} s") from None
 
 
 def _outcome_of(res: dict) -> Outcome:

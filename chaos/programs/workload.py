@@ -89,7 +89,7 @@ class Workload:
         if k == 2:
             return self.attempt(f"h{i}", lambda tok: w.square.choose(tok, i).get(timeout=t))
         if k == 3:
-            return self.attempt(f"s{i}", lambda tok: sorted(v for _, v in w.square.stream(tok, i)))
+            return self.attempt(f"s{i}", lambda tok: sorted(v for _, v in w.square.stream(tok, i).iter(timeout=t)))
         if k == 4:
             r = i % self.n
             return self.attempt(f"o{i}", lambda tok: w.slice(procs=r).square.call_one(tok, i).get(timeout=t))

@@ -247,3 +247,21 @@ def test_a_program_that_stops_early_diverges_where_the_journal_goes_on(recorded,
              and r.data.get("k") == "call"]
     assert report.divergence["seq"] == posts[STEPS - 5]
     assert (report.divergence["journaled"]["method"], report.divergence["new"]["method"]) == ("post", "count")
+
+
+def test_a_stream_deadline_that_passed_is_replayed_where_it_happened(tmp_path, monkeypatch, capsys):
+    program = Path(__file__).parent / "programs" / "deadline.py"
+    url, session = f"sqlite://{tmp_path / 'j.db'}", f"deadline-{os.getpid()}"
+    env = {**os.environ, "REGENT_TEST_SESSION": session, "REGENT_TEST_JOURNAL": url}
+    live = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, env=env, timeout=120)
+    assert live.returncode == 0, live.stderr
+    recorded = json.loads(live.stdout.strip().splitlines()[-1])
+    assert recorded["timed_out"] and 2 not in recorded["seen"], recorded
+    with open_journal(url) as j:
+        records, checkpoint = list(j.read(session)), j.read_checkpoint(session)
+    assert any(r.kind == "obs" and r.data.get("w") == "timeout" for r in records)
+    monkeypatch.setenv("REGENT_TEST_SESSION", session)
+    monkeypatch.setenv("REGENT_TEST_JOURNAL", url)
+    report = replay_program(str(program), session, records, checkpoint, progress=False)
+    assert report.ok, report.render()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == recorded

@@ -215,3 +215,15 @@ def test_a_hundred_thousand_pipelined_calls_all_get_their_reply(counters):
     assert [f.get(timeout=120) for f in futs[-3:]] == [100_008, 100_009, 100_010]
     assert all(f.done() for f in futs)
     assert one.value.call_one().get() == 100_010
+
+
+def test_stream_with_a_deadline_yields_what_arrived_then_raises_timeout_error(counters):
+    for i, d in enumerate([0.0, 0.0, 0.0, 0.6]):  # rank 3 is busy for 0.6 s
+        counters.slice(procs=i).slow_incr.call_one(0, d)
+    seen = []
+    with pytest.raises(TimeoutError, match="stream seq"):
+        for point, _value in counters.value.stream().iter(timeout=0.3):
+            seen.append(point["procs"])
+    assert sorted(seen) == [0, 1, 2]
+    # Without a deadline the stream waits as long as it takes.
+    assert sorted(v for _, v in counters.value.stream()) == [10, 10, 10, 10]
