@@ -131,6 +131,24 @@ def test_a_graceful_exit_hands_over_to_the_standby_at_once(cluster_factory):
     check_exactly_once(c.finish(c.by_pid(second)), steps)
 
 
+def test_a_killed_primary_is_replaced_long_before_its_lease_runs_out(cluster_factory):
+    """The standby sees the dead primary's beacon close and refuse connections, and evicts it."""
+    steps = 200
+    c = cluster_factory("beacon", steps=steps, ttl=10.0)
+    c.start()
+    c.start()
+    first = c.wait_leader(1)
+    c.wait_step(first, 20)
+    t0 = time.monotonic()
+    os.kill(first, signal.SIGKILL)
+    second = c.wait_leader(2, timeout=20.0)
+    took = time.monotonic() - t0
+    # With a 10 s lease, anything well under it proves the standby did not wait for it.
+    assert took < 3.0, f"take-over took {took:.2f} s"
+    assert "evicted a dead leader" in c.log_of(second).read_text()
+    check_exactly_once(c.finish(c.by_pid(second)), steps)
+
+
 def test_a_program_changed_at_seq_k_fails_replay_naming_k(cluster_factory):
     steps = 400
     c = cluster_factory("edited", steps=steps)
