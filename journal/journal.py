@@ -100,8 +100,10 @@ class Journal:
     ) -> Leadership:
         """Block until `holder` leads `session` and return its Leadership.
 
-        A standby waits here; `on_waiting` is called once if it has to wait. Raises
-        TimeoutError after `timeout` seconds.
+        A standby waits here; `on_waiting` is called once if it has to wait. It takes over
+        when the leader resigns, when its lease runs out, or at once when the leader's
+        liveness beacon shows its process gone (journal/beacon.py; REGENT_BEACON=0 turns
+        that off). Raises TimeoutError after `timeout` seconds.
         """
         _check_session(session)
         lead = campaign(
