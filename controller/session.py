@@ -441,11 +441,12 @@ class Session:
                 # The journal's host agent is gone, and the procs it owned with it: work
                 # continues on this machine's agent, and calls whose results the journal
                 # lacks run again there (at-least-once, as for any dead process).
+                # A new agent takes the old one's address when it can (and adopts the procs
+                # that outlived it); otherwise work moves to wherever this machine's agent is.
                 local = ensure_local_host()
-                if local == host:
-                    raise
-                log.warning("the journaled host agent is gone; using this machine's", was=host, now=local)
-                host = local
+                if local != host:
+                    log.warning("the journaled host agent is gone; using this machine's", was=host, now=local)
+                    host = local
                 self.runtime.host_request(host, "hello", timeout=10.0)
             self.runtime.register_host(host)
             self._hosts.append(host)
@@ -461,7 +462,9 @@ class Session:
         ((dim, count),) = per_host.items()
         if dim == "hosts" or not isinstance(count, int) or count < 1:
             raise ValueError(f"per_host={per_host}: the count must be a positive int and the dim not 'hosts'")
-        digest = wire.digest([msgpack.packb([hosts, dim, count])])
+        # The hosts themselves are journaled (`this_host`) and may be replaced on replay when
+        # a journaled agent is gone; the call is identified by its shape.
+        digest = wire.digest([msgpack.packb([len(hosts), dim, count])])
         seq = self._issue()
         jc = self._journaled(seq, "spawn_procs", "", dim, digest)
         if jc is None:

@@ -6,9 +6,12 @@ their own executions, so "exactly once" is checked where it happens."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
+import socket
+import subprocess
 import time
 
 import pytest
@@ -179,3 +182,41 @@ def test_a_standby_whose_primary_finishes_the_run_exits_without_running_it_again
     assert standby.returncode == 0
     assert out.strip() == ""  # it printed no result: it ran nothing
     assert "has finished; exiting without running it again" in c.log_of(standby.pid).read_text()
+
+
+def test_a_standby_carries_on_when_the_journaled_host_agent_and_its_procs_are_gone(tmp_path):
+    """The machine's worker side is lost with the primary (agent and procs SIGKILLed, and the
+    agent's port taken by something that never answers): the standby replays what the
+    journal holds, moves to a new agent on this machine, and the program goes on."""
+    from chaos.cluster import _host_pid
+    from worker.host import host_file
+
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    go = tmp_path / "go"
+    c = Cluster(f"losthost-{os.getpid()}", url, tmp_path, program="lost_host.py",
+                extra_env={"REGENT_TEST_GO_FILE": str(go)})
+    squatter = None
+    try:
+        c.start()
+        first = c.wait_leader(1)
+        c.wait_step(first, 0)
+        host_pid = _host_pid()
+        old_address = json.loads(host_file().read_text())["address"]
+        victims = [int(p) for p in subprocess.run(["pgrep", "-P", str(host_pid)], capture_output=True,
+                                                 text=True).stdout.split()]
+        for pid in [first, host_pid, *victims]:
+            os.kill(pid, signal.SIGKILL)
+        c.by_pid(first).wait()
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", int(old_address.rsplit(":", 1)[1])))
+        squatter.listen()
+        go.touch()
+        standby = c.start()
+        out = c.finish(standby)
+    finally:
+        c.stop_all()
+        if squatter is not None:
+            squatter.close()
+    assert out["before"] == [2, 2] and out["after"] == [11, 11], out
+    assert json.loads(host_file().read_text())["address"] != old_address

@@ -1,0 +1,38 @@
+"""A program for the lost-host test: a first mesh whose host agent and procs will be
+gone when a standby takes over, then (after the go file appears) a second mesh.
+Prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from controller import Session
+from worker import Actor, endpoint
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x: int) -> int:
+        return x + 1
+
+
+with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ["REGENT_TEST_JOURNAL"],
+             lease_ttl_s=float(os.environ.get("REGENT_TEST_TTL", "1.0"))) as s:
+    leader_file = os.environ.get("REGENT_TEST_LEADER_FILE")
+    if leader_file:
+        with open(leader_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+    first = s.spawn_procs(per_host={"procs": 2}).spawn("first", Echo)
+    before = first.ping.call(1).get().values()
+    if not s.replaying:
+        print("step 0", file=sys.stderr, flush=True)
+    go = Path(os.environ["REGENT_TEST_GO_FILE"])
+    while not go.exists():
+        time.sleep(0.02)
+    second = s.spawn_procs(per_host={"procs": 2}).spawn("second", Echo)
+    after = second.ping.call(10).get().values()
+    print(json.dumps({"before": before, "after": after, "stats": s.stats}), flush=True)
