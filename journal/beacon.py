@@ -182,9 +182,10 @@ class Gone:
 class BeaconWatch:
     """A standby's watch on the current leader's beacon, on a thread of its own.
 
-    The campaign tells it which leader to watch (`follow`); when that leader's beacon
-    connection closes and the port then refuses every connection for about 100 ms, it
-    records `Gone` and sets `wake`. Nothing else counts: a connect that times out, a reset
+    The campaign tells it which leader to watch (`follow`). It sets `wake` whenever that
+    leader's beacon connection closes (a resigning leader closes it right after releasing
+    its lease); when the port then refuses every connection for about 100 ms, it also
+    records `Gone`. Nothing else counts: a connect that times out, a reset
     route or a successful reconnect leave the leader to its lease. A SIGSTOPped leader's
     kernel keeps its sockets open, so a paused leader is never reported.
 
@@ -293,7 +294,9 @@ class BeaconWatch:
                     data = b""
                 if data:
                     continue
-                # Closed by the leader's side: probe at once, its process may be gone.
+                # Closed by the leader's side. A leader that resigned has released its lease
+                # by now: campaign again at once. Then probe: its process may be gone.
+                self._wake.set()
                 conn.close()
                 conn = None
                 closed_quickly = time.monotonic() - opened < _RETRY_S
