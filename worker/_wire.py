@@ -42,6 +42,7 @@ class Kind(enum.IntEnum):
     PROC_READY = 10  # proc -> host agent
     PING = 11
     PONG = 12
+    PROC_ADOPT = 13  # proc -> host agent: its agent died; the new one takes it over (answered by HOST_REP)
 
 
 _KINDS = {int(k) for k in Kind}

@@ -4,6 +4,10 @@ It spawns procs on a controller's request (deduped by call id, so a replaying
 controller gets the same procs back), watches them through pidfds, reports deaths
 to the session's controllers, and stops a session's procs when told to. Procs are
 its children, never the controller's, so they outlive a controller crash.
+
+The agent can die too. Its procs then start a new one, which binds the dead agent's
+address and adopts them (PROC_ADOPT): from then on it watches, reports and stops them
+as its own, OTP-style. It keeps no state on disk; what it knows comes from its procs.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -34,26 +39,61 @@ log = structlog.get_logger("regent.host")
 
 PROC_START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 3.0
+# A restarted agent holds spawn requests this long (and 1 s past the latest adoption), so
+# a replayed request finds the procs it once started adopted, instead of starting more.
+ADOPT_GRACE_S = 5.0
+STOPPED_SESSIONS_KEPT = 4096
 
 
 @dataclass
 class _Proc:
     id: str
     index: int
-    popen: subprocess.Popen
+    pid: int
     pidfd: int
+    popen: subprocess.Popen | None = None  # None: adopted from a dead agent, so not our child
     addr: str | None = None
-    exit_status: int | None = None
+    exited: bool = False
+    exit_status: int | None = None  # stays None for an adopted proc: its status goes to init
+
+    @property
+    def adopted(self) -> bool:
+        return self.popen is None
+
+    def send_signal(self, sig: int) -> None:
+        """Signal through the pidfd: never a process that reused the pid."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float | None) -> bool:
+        """True once the process has exited (its status collected when it is our child)."""
+        if not select.select([self.pidfd], [], [], None if timeout is None else max(0.0, timeout))[0]:
+            return False
+        self.exited = True
+        if self.popen is not None:
+            self.exit_status = self.popen.wait()
+        return True
+
+    def status_text(self) -> str:
+        return "unknown (adopted)" if self.adopted else str(self.exit_status)
 
 
 @dataclass
 class _SpawnRequest:
     sid: str
-    seq: int
+    seq: int  # the controller's call id; -1 for a respawn
     procs: list[_Proc]
     waiters: list[tuple[str, object]]
     started: float
+    size: int  # procs it asked for: fewer are known while a restarted agent adopts them
+    first: int  # index of its first proc
     answered: dict | None = None
+    refill: tuple[list, list] | None = None  # envs and path for procs that died with the old agent
+
+    def complete(self) -> bool:
+        return len(self.procs) == self.size and all(p.addr for p in self.procs)
 
 
 @dataclass
@@ -62,23 +102,52 @@ class _SessionState:
     controllers: set[str] = field(default_factory=set)
     procs: dict[str, _Proc] = field(default_factory=dict)
     spawns: dict[int, _SpawnRequest] = field(default_factory=dict)
+    respawns: dict[str, _SpawnRequest] = field(default_factory=dict)  # by the id of the proc replaced
+    next_index: int = 0
+    undelivered: list[dict] = field(default_factory=list)  # deaths seen before any controller said hello
+    stopped_ids: set[str] = field(default_factory=set)
+    exited_ids: set[str] = field(default_factory=set)  # procs this agent saw die
     last_contact: float = field(default_factory=time.monotonic)
     orphan_timeout_s: float = field(default_factory=lambda: float(os.environ.get("REGENT_ORPHAN_TIMEOUT_S", "300")))
 
+    def requests(self) -> list[_SpawnRequest]:
+        return [*self.spawns.values(), *self.respawns.values()]
+
 
 class HostAgent:
-    def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0):
+    """One machine's host agent. `succeeds` is the host.json record of a dead agent whose
+    address (if still free) and procs this one takes over."""
+
+    def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0,
+                 succeeds: dict | None = None):
         self.ctx = zmq.Context()
         self.creds = load_credentials()
-        self.inbox = Inbox(self.ctx, self.creds, bind_host, port)
+        self.inbox = self._bind(bind_host, port, succeeds)
         self.outbox = Outbox(self.ctx, self.creds)
         self.bind_host = bind_host
         self.idle_exit_s = idle_exit_s
         self.sessions: dict[str, _SessionState] = {}
+        self.stopped: dict[str, None] = {}  # sessions stopped by their controller, oldest first
         self.by_pidfd: dict[int, tuple[str, _Proc]] = {}
         self.last_activity = time.monotonic()
         self.running = True
-        self.host_id = uuid.uuid4().hex[:8]
+        previous_id = (succeeds or {}).get("host")
+        self.host_id = previous_id if isinstance(previous_id, str) and previous_id.isalnum() else uuid.uuid4().hex[:8]
+        self.adopt_until = time.monotonic() + ADOPT_GRACE_S if succeeds else 0.0
+        self.deferred: list[dict] = []  # spawn requests held while procs adopt this agent
+
+    def _bind(self, bind_host: str, port: int, succeeds: dict | None) -> Inbox:
+        """The inbox, at the dead predecessor's address when free: controllers and journals
+        name a host agent by address, so a successor there is the same agent to them."""
+        if not port and succeeds:
+            host, _, old_port = str(succeeds.get("address", "")).removeprefix("tcp://").rpartition(":")
+            if host == bind_host and old_port.isdigit():
+                try:
+                    return Inbox(self.ctx, self.creds, bind_host, int(old_port))
+                except zmq.ZMQError as e:
+                    log.warning("cannot take over the dead host agent's address; controllers that "
+                                "knew it will not find this agent", address=succeeds["address"], error=str(e))
+        return Inbox(self.ctx, self.creds, bind_host, port)
 
     # --- main loop ---------------------------------------------------------------
 
@@ -92,8 +161,9 @@ class HostAgent:
             for sock_or_fd, _ in poller.poll(200):
                 if sock_or_fd is self.inbox.sock:
                     self._drain_inbox()
-                else:
+                elif sock_or_fd in self.by_pidfd:  # not stopped meanwhile by a request
                     self._reap(sock_or_fd)
+            self._after_adoption()
             self._check_spawn_timeouts()
             self._stop_orphans()
             if self._idle():
@@ -130,6 +200,9 @@ class HostAgent:
         if kind is Kind.PROC_READY:
             self._on_ready(meta)
             return
+        if kind is Kind.PROC_ADOPT:
+            self._on_adopt(meta)
+            return
         rt = meta.get("rt")
         if not valid_address(rt):
             raise ProtocolError(f"request without a valid reply address: {rt!r}")
@@ -142,6 +215,15 @@ class HostAgent:
         epoch = wire.require(meta, "e", int)
         op = wire.require(meta, "op", str)
         n = meta.get("n")
+        if sid in self.stopped and sid not in self.sessions:
+            # Its controller ended it here: nothing to report, nothing to start again.
+            if op in ("spawn_procs", "respawn_proc"):
+                self._send(rt, wire.encode(Kind.HOST_REP, {
+                    "sid": sid, "n": n, "st": "err", "s": meta.get("s"),
+                    "em": f"session {sid} was stopped on this host; a new run gets a new session id"}))
+            else:
+                self._reply(rt, sid, n, procs=[])
+            return
         state = self.sessions.setdefault(sid, _SessionState())
         if not state.fence.admit(epoch):
             self._send(rt, wire.encode(Kind.HOST_REP, {
@@ -155,12 +237,21 @@ class HostAgent:
         if op == "hello":
             # The newest controller of a session replaces the older ones as event subscriber.
             state.controllers = {rt}
-            self._reply(rt, sid, n, procs=self._proc_list(state))
-        elif op == "spawn_procs":
+            # complete: every live proc of the session on this host is listed, so the
+            # controller may take one that is missing for dead (it died with an old agent).
+            self._reply(rt, sid, n, procs=self._proc_list(state), at=self.inbox.address,
+                        complete=not self._adopting())
+            for event in state.undelivered:
+                self._send(rt, wire.encode(Kind.HOST_EVENT, event))
+            state.undelivered = []
+        elif op in ("spawn_procs", "respawn_proc"):
             state.controllers.add(rt)
-            self._on_spawn(sid, state, meta, rt)
-        elif op == "respawn_proc":
-            self._on_respawn(sid, state, meta, rt)
+            if self._adopting() and self._unknown_request(state, op, meta):
+                self.deferred.append(meta)
+            elif op == "spawn_procs":
+                self._on_spawn(sid, state, meta, rt)
+            else:
+                self._on_respawn(sid, state, meta, rt)
         elif op == "stop_session":
             self._stop_session(sid)
             self._reply(rt, sid, n)
@@ -184,7 +275,7 @@ class HostAgent:
 
     def _proc_list(self, state: _SessionState) -> list[dict]:
         return [
-            {"id": p.id, "idx": p.index, "addr": p.addr, "pid": p.popen.pid, "alive": p.exit_status is None}
+            {"id": p.id, "idx": p.index, "addr": p.addr, "pid": p.pid, "alive": not p.exited}
             for p in sorted(state.procs.values(), key=lambda p: p.index)
         ]
 
@@ -194,12 +285,17 @@ class HostAgent:
         if not 0 < count <= 1024:
             raise ProtocolError(f"spawn_procs count {count} out of range")
         envs = meta.get("envs") or [{}] * count
+        if not isinstance(envs, list) or not all(isinstance(e, dict) for e in envs):
+            raise ProtocolError("spawn_procs envs is not a list of maps")
+        path = meta.get("path") or []
         req = state.spawns.get(seq)
         if req is not None:  # a replaying controller asks again: same procs
             if req.answered is not None:
                 self._send(rt, wire.encode(Kind.HOST_REP, {**req.answered, "n": meta.get("n")}))
             else:
                 req.waiters.append((rt, meta.get("n")))
+                if len(req.procs) < req.size:  # adopted in part: the rest died with the old agent
+                    req.refill = (envs, path)
             return
         try:  # a device binding this host cannot give fails the request before any proc starts
             for e in envs[:count]:
@@ -208,26 +304,30 @@ class HostAgent:
             self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": meta.get("n"), "st": "err", "s": seq,
                                                        "em": f"cannot bind procs to devices on this host: {e}"}))
             return
-        first = len(state.procs)
-        procs = []
-        for i in range(count):
-            env = {k: str(v) for k, v in (envs[i] if i < len(envs) else {}).items() if isinstance(k, str)}
-            procs.append(self._start_proc(sid, state, first + i, env, meta.get("path") or []))
-        state.spawns[seq] = _SpawnRequest(sid, seq, procs, [(rt, meta.get("n"))], time.monotonic())
+        first = state.next_index
+        procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path,
+                                  ["--spawn-seq", str(seq), "--spawn-size", str(count), "--spawn-pos", str(i)])
+                 for i in range(count)]
+        state.spawns[seq] = _SpawnRequest(sid, seq, procs, [(rt, meta.get("n"))], time.monotonic(), count, first)
 
-    def _start_proc(self, sid: str, state: _SessionState, index: int, extra_env: dict, path: list) -> _Proc:
+    def _start_proc(self, sid: str, state: _SessionState, index: int, extra_env: dict, path: list,
+                    origin: list[str]) -> _Proc:
+        """Start a proc. `origin` (argv) names the request that started it, and with the agent's
+        pid and the session's orphan timeout is what the proc tells a successor agent."""
         proc_id = f"{self.host_id}-{sid[:16]}-{index}-{uuid.uuid4().hex[:6]}"
         env = _bound_env({**os.environ, **extra_env})
         pypath = [p for p in path if isinstance(p, str)] + env.get("PYTHONPATH", "").split(os.pathsep)
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in pypath if p))
         popen = subprocess.Popen(
             [sys.executable, "-m", "worker.proc", "--session", sid, "--index", str(index),
-             "--id", proc_id, "--host-inbox", self.inbox.address, "--bind-host", self.bind_host],
+             "--id", proc_id, "--host-inbox", self.inbox.address, "--bind-host", self.bind_host,
+             "--host-pid", str(os.getpid()), "--orphan-s", repr(state.orphan_timeout_s), *origin],
             env=env, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         pidfd = os.pidfd_open(popen.pid)
-        proc = _Proc(proc_id, index, popen, pidfd)
+        proc = _Proc(proc_id, index, popen.pid, pidfd, popen)
         state.procs[proc_id] = proc
+        state.next_index = max(state.next_index, index + 1)
         self.by_pidfd[pidfd] = (sid, proc)
         log.info("proc started", session=sid, proc=proc_id, pid=popen.pid)
         return proc
@@ -241,14 +341,15 @@ class HostAgent:
         if proc is None or not valid_address(addr):
             raise ProtocolError(f"ready from unknown proc {proc_id!r}")
         proc.addr = addr
-        for req in state.spawns.values():
-            if req.answered is None and all(p.addr for p in req.procs):
+        for req in state.requests():
+            if req.answered is None and req.complete():
                 self._answer_spawn(req, "ok")
 
     def _answer_spawn(self, req: _SpawnRequest, status: str, error: str = "") -> None:
         req.answered = {
             "sid": req.sid, "st": status, "em": error, "s": req.seq,
-            "procs": [{"id": p.id, "idx": p.index, "addr": p.addr, "pid": p.popen.pid} for p in req.procs],
+            "procs": [{"id": p.id, "idx": p.index, "addr": p.addr, "pid": p.pid}
+                      for p in sorted(req.procs, key=lambda p: p.index)],
         }
         for rt, n in req.waiters:
             self._send(rt, wire.encode(Kind.HOST_REP, {**req.answered, "n": n}))
@@ -258,8 +359,7 @@ class HostAgent:
         """A supervisor replaces a dead proc: same index, fresh process, answered when ready."""
         old = wire.require(meta, "old", str)
         n = meta.get("n")
-        key = -abs(hash(("respawn", old))) - 1
-        req = state.spawns.get(key)
+        req = state.respawns.get(old)
         if req is not None:
             if req.answered is not None:
                 self._send(rt, wire.encode(Kind.HOST_REP, {**req.answered, "n": n}))
@@ -267,9 +367,116 @@ class HostAgent:
                 req.waiters.append((rt, n))
             return
         index = wire.require(meta, "idx", int)
-        env = {k: str(v) for k, v in (meta.get("env") or {}).items() if isinstance(k, str)}
-        proc = self._start_proc(sid, state, index, env, meta.get("path") or [])
-        state.spawns[key] = _SpawnRequest(sid, key, [proc], [(rt, n)], time.monotonic())
+        env = meta.get("env") or {}
+        if not isinstance(env, dict):
+            raise ProtocolError("respawn_proc env is not a map")
+        proc = self._start_proc(sid, state, index, _env_at([env], 0), meta.get("path") or [], ["--replaces", old])
+        state.respawns[old] = _SpawnRequest(sid, -1, [proc], [(rt, n)], time.monotonic(), 1, index)
+
+    # --- adoption: procs of a dead agent ------------------------------------------------
+
+    def _adopting(self) -> bool:
+        return time.monotonic() < self.adopt_until
+
+    def _unknown_request(self, state: _SessionState, op: str, meta: dict) -> bool:
+        """A spawn this agent has no record of: maybe one whose procs have yet to adopt."""
+        if op == "spawn_procs":
+            seq = meta.get("s")
+            return not isinstance(seq, int) or seq not in state.spawns
+        old = meta.get("old")
+        # One that died under this agent was alive when the old agent died: not replaced by it.
+        return not isinstance(old, str) or old not in state.respawns and old not in state.exited_ids
+
+    def _on_adopt(self, meta: dict) -> None:
+        """A proc whose agent died asks this one to supervise it. The claim is checked against
+        the kernel (its pidfd, its command line) before this agent will ever signal that pid."""
+        sid = wire.require(meta, "sid", str)
+        proc_id = wire.require(meta, "id", str)
+        index = wire.require(meta, "idx", int)
+        pid = wire.require(meta, "pid", int)
+        addr = meta.get("addr")
+        if not valid_address(addr):
+            raise ProtocolError(f"adoption request without a valid proc address: {addr!r}")
+        n = meta.get("n")
+        state = self.sessions.get(sid)
+        known = state.procs.get(proc_id) if state else None
+        if known is not None:  # a retry, or our own child
+            self._send(addr, wire.encode(Kind.HOST_REP, self._adopted_meta(sid, n, "ok")))
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (ProcessLookupError, ValueError, OSError) as e:
+            raise ProtocolError(f"adoption request for pid {pid}, which is not running: {e}") from None
+        if not _is_our_proc(pid, sid, proc_id, index):
+            os.close(pidfd)
+            raise ProtocolError(f"adoption request for pid {pid}, which is not proc {proc_id} of {sid}")
+        proc = _Proc(proc_id, index, pid, pidfd, addr=addr)
+        if sid in self.stopped or (state is not None and proc_id in state.stopped_ids):
+            log.info("stopping a proc whose session was stopped while it had no host agent",
+                     session=sid, proc=proc_id, pid=pid)
+            self._send(addr, wire.encode(Kind.HOST_REP, self._adopted_meta(sid, n, "stopped")))
+            self._terminate([proc])
+            return
+        if state is None:
+            state = self.sessions[sid] = _SessionState()
+            orphan = meta.get("orphan_s")
+            if isinstance(orphan, int | float) and not isinstance(orphan, bool) and orphan > 0:
+                state.orphan_timeout_s = float(orphan)
+        state.procs[proc_id] = proc
+        state.next_index = max(state.next_index, index + 1)
+        self.by_pidfd[pidfd] = (sid, proc)
+        self._claim(state, sid, proc, meta)
+        if self._adopting():
+            self.adopt_until = max(self.adopt_until, time.monotonic() + 1.0)
+        self._send(addr, wire.encode(Kind.HOST_REP, self._adopted_meta(sid, n, "ok")))
+        log.info("proc adopted", session=sid, proc=proc_id, pid=pid)
+
+    def _adopted_meta(self, sid: str, n: object, status: str) -> dict:
+        return {"sid": sid, "n": n, "st": status, "pid": os.getpid(), "at": self.inbox.address}
+
+    def _claim(self, state: _SessionState, sid: str, proc: _Proc, meta: dict) -> None:
+        """Rebuild the record of the request that started an adopted proc, so the same request
+        sent again (a replaying controller) is answered with the same procs."""
+        old = meta.get("old")
+        if isinstance(old, str):
+            req = state.respawns.setdefault(old, _SpawnRequest(sid, -1, [], [], time.monotonic(), 1, proc.index))
+        else:
+            seq, size, pos = meta.get("s"), meta.get("size"), meta.get("pos")
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, size, pos)) \
+                    or not 0 <= pos < size <= 1024:
+                return  # started by hand, or by an agent that did not say: nothing to dedupe
+            req = state.spawns.get(seq)
+            if req is None:
+                req = state.spawns[seq] = _SpawnRequest(sid, seq, [], [], time.monotonic(), size, proc.index - pos)
+            state.next_index = max(state.next_index, req.first + req.size)
+        if req.answered is None and len(req.procs) < req.size:
+            req.procs.append(proc)
+            if req.complete():
+                self._answer_spawn(req, "ok")
+
+    def _after_adoption(self) -> None:
+        """Once the grace period is over: requests held meanwhile run, and procs of a replayed
+        spawn that never adopted (they died with the old agent) are started afresh."""
+        if self._adopting():
+            return
+        deferred, self.deferred = self.deferred, []
+        for meta in deferred:
+            try:
+                self._dispatch(Kind.HOST_REQ, meta)
+            except ProtocolError as e:
+                log.warning("dropped malformed request", op=meta.get("op"), error=str(e))
+        for sid, state in list(self.sessions.items()):
+            for req in state.spawns.values():
+                if req.answered is None and req.refill is not None and len(req.procs) < req.size:
+                    envs, path = req.refill
+                    req.refill = None
+                    have = {p.index - req.first for p in req.procs}
+                    for pos in range(req.size):
+                        if pos not in have:
+                            req.procs.append(self._start_proc(
+                                sid, state, req.first + pos, _env_at(envs, pos), path,
+                                ["--spawn-seq", str(req.seq), "--spawn-size", str(req.size), "--spawn-pos", str(pos)]))
+                    req.started = time.monotonic()
 
     def _stop_orphans(self) -> None:
         """A session no controller has contacted for its orphan timeout holds resources for
@@ -279,55 +486,65 @@ class HostAgent:
             if state.procs and now - state.last_contact > state.orphan_timeout_s:
                 log.warning("no controller contacted this session; stopping its procs as orphans",
                             session=sid, silent_s=round(now - state.last_contact, 1))
-                self._stop_session(sid)
+                self._stop_session(sid, by_controller=False)
 
     def _check_spawn_timeouts(self) -> None:
         now = time.monotonic()
         for state in self.sessions.values():
-            for req in state.spawns.values():
-                if req.answered is None:
-                    dead = [p for p in req.procs if p.exit_status is not None]
+            for req in state.requests():
+                if req.answered is None and len(req.procs) == req.size:
+                    dead = [p for p in req.procs if p.exited]
                     if dead or now - req.started > PROC_START_TIMEOUT_S:
-                        why = (f"proc {dead[0].id} exited with status {dead[0].exit_status} while starting"
+                        why = (f"proc {dead[0].id} exited with status {dead[0].status_text()} while starting"
                                if dead else f"procs did not start within {PROC_START_TIMEOUT_S:.0f} s")
                         self._answer_spawn(req, "err", why + " (see the host agent's log)")
 
     def _reap(self, pidfd: int) -> None:
-        sid, proc = self.by_pidfd.pop(pidfd)
+        sid, proc = self.by_pidfd[pidfd]
+        if not proc.wait(0):  # the fd was closed and reused since the poll: a live proc
+            return
+        del self.by_pidfd[pidfd]
         os.close(pidfd)
-        proc.exit_status = proc.popen.wait()
-        log.info("proc exited", session=sid, proc=proc.id, status=proc.exit_status)
+        log.info("proc exited", session=sid, proc=proc.id, status=proc.status_text())
         state = self.sessions.get(sid)
         if state is None:
             return
-        event = wire.encode(Kind.HOST_EVENT, {
-            "sid": sid, "ev": "proc_died", "id": proc.id, "idx": proc.index, "status": proc.exit_status})
-        for rt in state.controllers:
-            self._send(rt, event)
+        # status None: the proc was adopted, so only init learns how it ended.
+        event = {"sid": sid, "ev": "proc_died", "id": proc.id, "idx": proc.index, "status": proc.exit_status}
+        if state.controllers:
+            for rt in state.controllers:
+                self._send(rt, wire.encode(Kind.HOST_EVENT, event))
+        else:  # a restarted agent has heard from no controller yet: the next hello gets it
+            state.undelivered.append(event)
         state.procs.pop(proc.id, None)
+        state.exited_ids.add(proc.id)
 
     def _stop_procs(self, state: _SessionState, ids: list[str]) -> None:
         """Stop some of a session's procs (SIGTERM, then SIGKILL after the grace period)."""
-        self._terminate([p for i in ids if (p := state.procs.pop(i, None)) is not None and p.exit_status is None])
+        state.stopped_ids.update(ids)  # one that has yet to adopt is stopped when it does
+        self._terminate([p for i in ids if (p := state.procs.pop(i, None)) is not None and not p.exited])
 
-    def _stop_session(self, sid: str) -> None:
+    def _stop_session(self, sid: str, by_controller: bool = True) -> None:
+        if by_controller:  # procs of it that adopt later (after an agent restart) are stopped then
+            self.stopped[sid] = None
+            while len(self.stopped) > STOPPED_SESSIONS_KEPT:
+                del self.stopped[next(iter(self.stopped))]
         state = self.sessions.pop(sid, None)
         if state is None:
             return
-        live = [p for p in state.procs.values() if p.exit_status is None]
+        live = [p for p in state.procs.values() if not p.exited]
         self._terminate(live)
         log.info("session stopped", session=sid, procs=len(live))
 
     def _terminate(self, live: list[_Proc]) -> None:
         for p in live:
-            _signal(p.popen, signal.SIGTERM)
+            p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for p in live:
-            try:
-                p.popen.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(p.popen, signal.SIGKILL)
-                p.popen.wait()
+            if not p.wait(deadline - time.monotonic()):
+                p.send_signal(signal.SIGKILL)
+                if not p.wait(10.0):
+                    log.error("proc did not exit 10 s after SIGKILL", proc=p.id, pid=p.pid)
             self.by_pidfd.pop(p.pidfd, None)
             os.close(p.pidfd)
 
@@ -353,11 +570,52 @@ def _bound_env(env: dict[str, str]) -> dict[str, str]:
     return binding.child_env(env, int(rank), 1)
 
 
-def _signal(popen: subprocess.Popen, sig: int) -> None:
+def _env_at(envs: list, i: int) -> dict[str, str]:
+    """The i-th requested environment, as strings."""
+    env = envs[i] if i < len(envs) and isinstance(envs[i], dict) else {}
+    return {k: str(v) for k, v in env.items() if isinstance(k, str)}
+
+
+def _cmdline(pid: int) -> list[str]:
     try:
-        popen.send_signal(sig)
-    except ProcessLookupError:
-        pass
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return []
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat from field 3 (state) on; empty if there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a dead process nobody reaped still answers kill(pid, 0))."""
+    stat = _stat(pid)
+    return bool(stat) and stat[0] not in ("Z", "X")
+
+
+def _start_time(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with the pid, names one process."""
+    stat = _stat(pid)
+    return int(stat[19]) if len(stat) > 19 and stat[19].isdigit() else None
+
+
+def _is_our_proc(pid: int, sid: str, proc_id: str, index: int) -> bool:
+    """Whether pid is a running regent proc of this user with this session, id and index."""
+    args = _cmdline(pid)
+
+    def arg(name: str) -> str | None:
+        return args[args.index(name) + 1] if name in args[:-1] else None
+
+    try:
+        same_user = os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
+    return (same_user and _running(pid) and "worker.proc" in args and arg("--session") == sid
+            and arg("--id") == proc_id and arg("--index") == str(index))
 
 
 def _peer(frame: object) -> str:
@@ -374,17 +632,33 @@ def host_file() -> Path:
     return regent_home() / "host.json"
 
 
-def _read_host_file() -> dict | None:
+def _host_record() -> dict | None:
+    """What host.json says, whether or not that agent still runs."""
     try:
         info = json.loads(host_file().read_text())
-        os.kill(int(info["pid"]), 0)
-        return info
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int) or not valid_address(info.get("address")):
+        return None
+    return info
 
 
-def ensure_local_host(timeout: float = 30.0) -> str:
-    """Address of this machine's host agent, starting one (detached) if none runs."""
+def _read_host_file() -> dict | None:
+    """host.json, if the agent it names is running (a dead agent, or its pid reused, is none)."""
+    info = _host_record()
+    if info is None or not _running(info["pid"]):
+        return None
+    if "start" in info and info["start"] != _start_time(info["pid"]):
+        return None
+    return info
+
+
+def ensure_local_host(timeout: float = 30.0, env: dict[str, str] | None = None) -> str:
+    """Address of this machine's host agent, starting one (detached) if none runs.
+
+    env: the environment to start it with (default: this process's). A proc that
+    restarts its dead agent passes the dead agent's, so the new agent's procs see
+    what the old one's did, not the proc's own device binding."""
     info = _read_host_file()
     if info:
         return info["address"]
@@ -397,10 +671,14 @@ def ensure_local_host(timeout: float = 30.0) -> str:
         log_path = regent_home() / "host.log"
         # The launcher forks the agent and exits at once, so the agent is never a
         # child of this (controller) process: SIGKILL of the controller spares it.
+        if env is None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        else:  # whatever the given PYTHONPATH, the agent must find this very package
+            root = str(Path(__file__).resolve().parent.parent)
+            env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)}
         subprocess.run(
             [sys.executable, "-m", "worker.host", "--daemonize", "--log", str(log_path)],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-            check=True, stdin=subprocess.DEVNULL,
+            env=env, check=True, stdin=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -433,11 +711,20 @@ def main(argv: list[str] | None = None) -> None:
     from worker.logsetup import configure_logging
 
     configure_logging()
-    agent = HostAgent(a.bind_host, a.port, a.idle_exit)
+    previous = _host_record()
+    if previous is not None and _read_host_file() is not None:
+        previous = None  # a live agent: nothing to take over
+    agent = HostAgent(a.bind_host, a.port, a.idle_exit, succeeds=previous)
     tmp = host_file().with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "address": agent.inbox.address, "host": agent.host_id}))
+    tmp.write_text(json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid()),
+                               "address": agent.inbox.address, "host": agent.host_id}))
     os.replace(tmp, host_file())
-    log.info("host agent serving", address=agent.inbox.address, pid=os.getpid())
+    if previous is not None:
+        log.warning("host agent restarted in place of a dead one; its procs will adopt this one",
+                    address=agent.inbox.address, pid=os.getpid(), dead_pid=previous["pid"],
+                    same_address=agent.inbox.address == previous["address"])
+    else:
+        log.info("host agent serving", address=agent.inbox.address, pid=os.getpid())
     try:
         agent.serve()
     finally:

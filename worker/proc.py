@@ -4,6 +4,10 @@ The proc's single thread runs an asyncio loop fed by its authenticated inbox. Ea
 actor has a mailbox and handles one message at a time; sync endpoints run inline
 (no thread hand-off on the call path), async ones as tasks. Every call passes the
 epoch fence and the dedupe cache before it can run.
+
+A proc outlives its host agent. It watches the agent through a pidfd on the loop
+(no polling on the call path); when the agent dies, it starts a new one (or finds the
+one a sibling started) and asks to be adopted, so it is supervised again.
 """
 
 from __future__ import annotations
@@ -11,15 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import structlog
+import tenacity
 import zmq
 
 from worker import _wire as wire
@@ -29,10 +38,13 @@ from worker.classref import load_class
 from worker.dedupe import DedupeCache
 from worker.errors import ActorExit, DivergenceError, ProtocolError
 from worker.fencing import EpochFence
+from worker.host import ensure_local_host
 from worker.security import load_credentials, stop_authenticator
 from worker.transport import Inbox, Outbox, valid_address
 
 log = structlog.get_logger("regent.proc")
+
+ADOPT_ACK_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -49,10 +61,24 @@ class _Slot:
 
 
 class ProcRuntime:
-    def __init__(self, session: str, index: int, proc_id: str, host_inbox: str, bind_host: str):
+    """host_pid: the agent that started this proc, watched so that its death is noticed
+    (None: nothing watches). origin: what a successor agent needs to adopt this proc: the
+    request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
+
+    def __init__(self, session: str, index: int, proc_id: str, host_inbox: str, bind_host: str,
+                 host_pid: int | None = None, origin: dict | None = None):
         self.session = session
         self.index = index
         self.proc_id = proc_id
+        self.host_pid = host_pid
+        self.origin = origin or {}
+        # The agent's own environment, read while it lives: a successor started from this
+        # proc must not inherit the proc's device binding or rank.
+        self.host_env = _environment_of(host_pid) if host_pid else None
+        self._host_fd: int | None = None
+        self._adoption: asyncio.Task | None = None
+        self._acks: dict[int, asyncio.Future] = {}
+        self._ack_ids = itertools.count(1)
         self.ctx = zmq.Context()
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds, bind_host)
@@ -79,6 +105,8 @@ class ProcRuntime:
         )
         self.outbox.peer(self.host_inbox).send(ready)
         self.loop.call_soon(self._on_readable)
+        if self.host_pid is not None:
+            self._watch_host(self.host_pid, parent=True)
         log.debug("proc ready", proc=self.proc_id, addr=self.inbox.address)
         try:
             self.loop.run_forever()
@@ -92,6 +120,106 @@ class ProcRuntime:
     def _begin_stop(self) -> None:
         self.stopping = True
         self.loop.stop()
+
+    # --- the host agent ----------------------------------------------------------
+
+    def _watch_host(self, pid: int, parent: bool = False) -> None:
+        """Call _on_host_gone when agent `pid` exits: its pidfd turns readable."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # already gone
+            self.loop.call_soon(self._on_host_gone)
+            return
+        if parent and os.getppid() != pid:  # it died before we watched (we were reparented)
+            os.close(fd)
+            self.loop.call_soon(self._on_host_gone)
+            return
+        self._host_fd = fd
+        self.loop.add_reader(fd, self._on_host_gone)
+
+    def _on_host_gone(self) -> None:
+        if self._host_fd is not None:
+            self.loop.remove_reader(self._host_fd)
+            os.close(self._host_fd)
+            self._host_fd = None
+        if self.stopping or self._adoption is not None:
+            return
+        log.warning("host agent is gone; starting or finding another to supervise this proc",
+                    proc=self.proc_id, agent=self.host_inbox)
+        self._adoption = self.loop.create_task(self._adopt())
+
+    async def _adopt(self) -> None:
+        """Until some agent acknowledges this proc: find (or start) this machine's agent, ask it."""
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
+            retry=tenacity.retry_if_exception_type(Exception),
+            before_sleep=lambda rs: log.warning(
+                "adoption by a new host agent failed; retrying", proc=self.proc_id,
+                attempt=rs.attempt_number, error=str(rs.outcome.exception()) if rs.outcome else ""),
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    address = await self._in_thread(partial(ensure_local_host, env=self.host_env))
+                    pid = await self._ask_adoption(address)
+        finally:
+            self._adoption = None
+        if address != self.host_inbox:
+            log.warning("the new host agent runs at another address; controllers that knew the old "
+                        "one cannot reach it", proc=self.proc_id, old=self.host_inbox, new=address)
+            self.host_inbox = address
+        if not self.stopping:
+            log.info("adopted by a new host agent", proc=self.proc_id, agent=address, agent_pid=pid)
+            self._watch_host(pid)
+
+    async def _ask_adoption(self, address: str) -> int:
+        """Send PROC_ADOPT to the agent at `address`; its pid once it has acknowledged."""
+        n = next(self._ack_ids)
+        ack = self._acks[n] = self.loop.create_future()
+        meta = {"sid": self.session, "id": self.proc_id, "idx": self.index, "pid": os.getpid(),
+                "addr": self.inbox.address, "n": n, **self.origin}
+        try:
+            self._send(address, wire.encode(Kind.PROC_ADOPT, meta))
+            try:
+                reply = await asyncio.wait_for(ack, ADOPT_ACK_TIMEOUT_S)
+            except TimeoutError:
+                raise TimeoutError(f"host agent at {address} did not acknowledge the adoption within "
+                                   f"{ADOPT_ACK_TIMEOUT_S:g} s (see its log in $REGENT_HOME/host.log)") from None
+        finally:
+            self._acks.pop(n, None)
+        if reply.get("st") == "stopped":
+            log.info("the session was stopped while this proc had no host agent; stopping",
+                     proc=self.proc_id)
+        return wire.require(reply, "pid", int)
+
+    def _on_host_reply(self, meta: dict) -> None:
+        n = meta.get("n")
+        ack = self._acks.get(n) if isinstance(n, int) else None
+        if ack is None or ack.done():  # e.g. an answer to an attempt that already timed out
+            log.debug("ignored a host agent reply that answers nothing pending", proc=self.proc_id, n=str(n)[:40])
+            return
+        ack.set_result(meta)
+
+    def _in_thread(self, fn: Callable[[], Any]) -> asyncio.Future:
+        """Run blocking fn off the loop (on a daemon thread, which a stopping proc does not wait for)."""
+        fut = self.loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not fut.done():
+                (fut.set_result if ok else fut.set_exception)(value)
+
+        def run() -> None:
+            try:
+                result = (True, fn())
+            except Exception as e:
+                result = (False, e)
+            try:
+                self.loop.call_soon_threadsafe(settle, *result)
+            except RuntimeError:  # the loop closed: the proc is stopping
+                pass
+
+        threading.Thread(target=run, name="regent-find-host", daemon=True).start()
+        return fut
 
     def _cleanup_all(self) -> None:
         for slot in list(self.actors.values()):
@@ -133,6 +261,9 @@ class ProcRuntime:
             log.exception("dropped message that failed to dispatch", proc=self.proc_id)
 
     def _dispatch(self, kind: Kind, meta: dict, payload: list, head: Any) -> None:
+        if kind is Kind.HOST_REP:
+            self._on_host_reply(meta)
+            return
         if kind is Kind.PING:
             rt = meta.get("rt")
             if valid_address(rt):
@@ -410,6 +541,21 @@ def _peer_of(frame: Any) -> str:
         return "?"
 
 
+def _environment_of(pid: int) -> dict[str, str]:
+    """The environment process `pid` started with; this process's own minus the proc's
+    rank and device binding if the kernel will not say."""
+    try:
+        raw = open(f"/proc/{pid}/environ", "rb").read()  # noqa: SIM115 - one read
+        pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+    except OSError as e:
+        log.warning("cannot read the host agent's environment; a successor gets this proc's",
+                    pid=pid, error=str(e))
+        from hipcore.binding import BINDING_VARS
+
+        return {k: v for k, v in os.environ.items() if not k.startswith("REGENT_PROC_") and k not in BINDING_VARS}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="regent-proc", description="A regent proc (started by a host agent).")
     p.add_argument("--session", required=True)
@@ -417,11 +563,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--id", required=True)
     p.add_argument("--host-inbox", required=True)
     p.add_argument("--bind-host", default="127.0.0.1")
+    p.add_argument("--host-pid", type=int, default=None, help="the agent to watch; a new one adopts this proc")
+    p.add_argument("--orphan-s", type=float, default=None, help="the session's orphan timeout")
+    p.add_argument("--spawn-seq", type=int, default=None, help="call id of the spawn_procs that started it")
+    p.add_argument("--spawn-size", type=int, default=None)
+    p.add_argument("--spawn-pos", type=int, default=None)
+    p.add_argument("--replaces", default=None, help="id of the proc this one was started to replace")
     a = p.parse_args(argv)
     from worker.logsetup import configure_logging
 
     configure_logging()
-    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host).run()
+    origin: dict[str, Any] = {}
+    if a.orphan_s is not None:
+        origin["orphan_s"] = a.orphan_s
+    if a.replaces is not None:
+        origin["old"] = a.replaces
+    elif None not in (a.spawn_seq, a.spawn_size, a.spawn_pos):
+        origin.update(s=a.spawn_seq, size=a.spawn_size, pos=a.spawn_pos)
+    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin).run()
     sys.exit(0)
 
 
