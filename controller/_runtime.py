@@ -224,11 +224,28 @@ class Runtime:
             fut = self._requests.get(meta.get("n"))
             if fut is not None:
                 fut.set_result(meta)
+            elif kind is Kind.HOST_REP and meta.get("complete") is True and meta.get("sid") == self.session:
+                self._reconcile(meta)
         elif kind is Kind.HOST_EVENT:
             if meta.get("ev") == "proc_died" and meta.get("sid") == self.session:
                 proc = self.procs.get(meta.get("id"))
                 if proc is not None:
-                    self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) exited with status {meta.get('status')}")
+                    status = meta.get("status")
+                    how = "unknown (it was adopted by a restarted host agent)" if status is None else status
+                    self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) exited with status {how}")
+
+    def _reconcile(self, reply: dict) -> None:
+        """A host agent's answer to the periodic hello lists every live proc it has of this
+        session: one of ours it lacks died unreported (say, while its agent was being restarted).
+        The agent sends that answer after any death event, so a reported death is seen first."""
+        host, listed = reply.get("at"), reply.get("procs")
+        if not isinstance(host, str) or not isinstance(listed, list):
+            return
+        alive = {p["id"] for p in listed if isinstance(p, dict) and p.get("alive") and isinstance(p.get("id"), str)}
+        for proc in list(self.procs.values()):
+            if proc.host == host and proc.alive and not proc.stopped and proc.id not in alive:
+                self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is gone: its host agent at {host} "
+                                     "no longer lists it (it died unreported, e.g. while no agent watched it)")
 
     def _on_result(self, meta: dict, payload: list) -> None:
         seq, point, status = meta.get("s"), meta.get("pt"), meta.get("st")
