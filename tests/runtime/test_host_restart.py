@@ -1,0 +1,265 @@
+"""A SIGKILLed host agent is replaced at its own address, and the new one adopts the
+procs the dead one left: it supervises them, answers replayed spawns with them, stops
+them at session end or as orphans. Real host agents and procs, each test in its own
+REGENT_HOME (so its own agent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller import Session, SupervisionError
+from tests.runtime.rawpeer import RawPeer
+from worker import Actor, context, endpoint
+from worker import _wire as wire
+from worker._wire import Kind
+from worker.host import ensure_local_host
+from worker.security import load_credentials
+from worker.supervision import RestartPolicy
+
+ORPHAN_PROGRAM = Path(__file__).resolve().parent.parent / "supervision" / "orphan_program.py"
+STOP_WAIT_S = 6.0  # an agent stopping takes up to its 3 s grace per batch of procs
+
+
+class Counter(Actor):
+    def __init__(self) -> None:
+        self.n = 0
+
+    @endpoint
+    def incr(self) -> tuple[int, int, int]:
+        self.n += 1
+        return os.getpid(), context().incarnation, self.n
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def _agent(home: Path) -> dict:
+    return json.loads((home / "host.json").read_text())
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (got := pred()):
+        assert time.monotonic() < deadline, f"{what} within {timeout:g} s"
+        time.sleep(0.05)
+    return got
+
+
+def _successor(home: Path, dead: dict, timeout: float = 10.0) -> dict:
+    """The agent that replaced `dead`, once it runs."""
+    def new() -> dict | None:
+        try:
+            info = _agent(home)
+        except (OSError, ValueError):
+            return None
+        return info if info["pid"] != dead["pid"] and _running(info["pid"]) else None
+
+    return _wait(new, timeout, "a new host agent started")
+
+
+def _workers_of(home: Path) -> list[int]:
+    """Host agents and procs running with this REGENT_HOME."""
+    want = f"REGENT_HOME={home}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or not _running(int(entry)):
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if {b"worker.host", b"worker.proc"} & set(argv) and want in env:
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    """A REGENT_HOME of this test's own. At the end its agent is stopped (and with it its
+    procs); anything a failed test left running there is killed."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("REGENT_HOME", str(home))
+    monkeypatch.setenv("REGENT_HOST_IDLE_EXIT_S", "20")
+    yield home
+    try:
+        os.kill(_agent(home)["pid"], signal.SIGTERM)
+    except (OSError, ValueError, KeyError):
+        pass
+    deadline = time.monotonic() + STOP_WAIT_S
+    while (left := _workers_of(home)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _retry(mesh, rank: int, timeout: float = 20.0):
+    """The first call to `rank` that succeeds (calls in flight at a crash fail)."""
+    deadline = time.monotonic() + timeout
+    failures = 0
+    while True:
+        try:
+            return mesh.slice(procs=rank).incr.call_one().get(timeout=timeout), failures
+        except SupervisionError:
+            failures += 1
+            assert time.monotonic() < deadline, "the killed member never came back"
+            time.sleep(0.05)
+
+
+def test_a_sigkilled_host_agent_is_replaced_at_its_address_and_supervises_the_procs_it_left(home):
+    with Session("agent-restart", journal="off") as s:
+        mesh = s.spawn_procs(per_host={"procs": 3}).spawn("c", Counter, restart=RestartPolicy(restart="permanent"))
+        pids = [pid for pid, _, _ in mesh.incr.call().get(timeout=10).values()]
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        # Calls go straight to the procs: they flow while the agent is replaced.
+        calls = 1
+        deadline = time.monotonic() + 10
+        while True:
+            values = mesh.incr.call().get(timeout=10).values()
+            calls += 1
+            try:
+                new = _agent(home)
+                if new["pid"] != dead["pid"] and _running(new["pid"]):
+                    break
+            except (OSError, ValueError):
+                pass
+            assert time.monotonic() < deadline, "no new host agent within 10 s"
+            time.sleep(0.05)
+        assert new["address"] == dead["address"], "the new agent must serve at the old address"
+        assert values == [(pid, 0, calls) for pid in pids], "the same processes, their state intact"
+
+        peer = RawPeer(load_credentials())
+        try:
+            def adopted() -> bool:
+                listed = peer.ask_host(new["address"], s.sid, s.epoch, "list")["procs"]
+                return sorted(p["pid"] for p in listed if p["alive"]) == sorted(pids)
+
+            _wait(adopted, 10, "the new agent lists the procs it adopted")
+        finally:
+            peer.close()
+
+        # An adopted proc dies: the new agent reports it, the policy restarts it.
+        os.kill(pids[1], signal.SIGKILL)
+        (pid, incarnation, n), _ = _retry(mesh, 1)
+        assert pid != pids[1] and incarnation == 1 and n == 1
+        after = mesh.incr.call().get(timeout=10).values()
+        assert [after[0], after[2]] == [(pids[0], 0, calls + 1), (pids[2], 0, calls + 1)]
+        assert any(e["ev"] == "restart" for e in s._supervisor.events)
+        everyone = [*pids, pid]
+    # stop_session went to the new agent, which stopped what it adopted and what it started.
+    assert [p for p in everyone if _running(p)] == [], "procs left running after the session ended"
+
+
+def test_a_proc_that_dies_while_no_host_agent_runs_is_reported_by_the_new_one_and_restarted(home):
+    with Session("agent-restart-gap", journal="off") as s:
+        mesh = s.spawn_procs(per_host={"procs": 2}).spawn("c", Counter, restart=RestartPolicy(restart="permanent"))
+        pids = [pid for pid, _, _ in mesh.incr.call().get(timeout=10).values()]
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        os.kill(pids[0], signal.SIGKILL)  # before any new agent can adopt it: nobody saw it die
+        _successor(home, dead)
+        (pid, incarnation, n), _ = _retry(mesh, 0, timeout=30)
+        assert pid != pids[0] and incarnation == 1 and n == 1
+        assert mesh.slice(procs=1).incr.call_one().get(timeout=10) == (pids[1], 0, 2)
+        everyone = [*pids, pid]
+    assert [p for p in everyone if _running(p)] == []
+
+
+def _ask(peer: RawPeer, host: str, sid: str, op: str, timeout: float = 20.0, **fields) -> dict:
+    """A host request as a controller of epoch 1 makes it; the reply, which must be ok."""
+    n = int(time.monotonic() * 1e6)
+    peer.send(host, wire.encode(Kind.HOST_REQ, {"sid": sid, "e": 1, "op": op, "n": n, "rt": peer.address, **fields}))
+    deadline = time.monotonic() + timeout
+    while True:
+        kind, reply, _ = peer.recv(max(0.0, deadline - time.monotonic()))
+        if kind is Kind.HOST_REP and reply.get("n") == n:
+            assert reply["st"] == "ok", reply
+            return reply
+
+
+def test_a_replayed_spawn_gets_the_procs_the_dead_agent_started(home):
+    """Spawn dedupe survives the agent: the adopted procs say which request started them."""
+    sid = f"agent-restart-dedupe-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    env = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": "procs"} for i in range(2)]
+    try:
+        kept = _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=env)["procs"]
+        replaced = _ask(peer, host, sid, "respawn_proc", old="some-dead-proc", idx=7, env=env[0])["procs"]
+        halved = _ask(peer, host, sid, "spawn_procs", s=2, count=2, envs=env)["procs"]
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        os.kill(halved[1]["pid"], signal.SIGKILL)  # dies with the agent, never adopted
+        assert _successor(home, dead)["address"] == host
+        # Asked again under the same call ids: the same processes, nothing started twice.
+        assert _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=env)["procs"] == kept
+        assert _ask(peer, host, sid, "respawn_proc", old="some-dead-proc", idx=7, env=env[0])["procs"] == replaced
+        # Half of a spawn survived: its dead half is started afresh, at the same index.
+        again = _ask(peer, host, sid, "spawn_procs", s=2, count=2, envs=env)["procs"]
+        assert again[0] == halved[0]
+        assert again[1]["idx"] == halved[1]["idx"] and again[1]["pid"] != halved[1]["pid"]
+        fresh = _ask(peer, host, sid, "spawn_procs", s=3, count=1, envs=env[:1])["procs"]
+        everyone = [p["pid"] for p in kept + replaced + again + fresh]
+        assert len(set(everyone)) == 6 and all(_running(p) for p in everyone)
+        _ask(peer, host, sid, "stop_session")
+        assert [p for p in everyone if _running(p)] == []
+    finally:
+        peer.close()
+
+
+def test_a_restarted_agent_reports_deaths_it_saw_before_any_controller_said_hello(home):
+    sid = f"agent-restart-hello-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        procs = _ask(peer, host, sid, "spawn_procs", s=1, count=3, envs=[{}] * 3)["procs"]
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        os.kill(procs[2]["pid"], signal.SIGKILL)  # dies unwatched
+        _successor(home, dead)
+        _wait(lambda: len([p for p in _ask(peer, host, sid, "list")["procs"] if p["alive"]]) == 2, 10,
+              "the two survivors adopted")
+        os.kill(procs[0]["pid"], signal.SIGKILL)  # dies adopted, before any hello
+        _wait(lambda: len(_ask(peer, host, sid, "list")["procs"]) == 1, 10, "the agent saw it die")
+        time.sleep(5.5)  # past the adoption grace: the agent's list is complete
+        reply = _ask(peer, host, sid, "hello")
+        assert reply["complete"] is True and reply["at"] == host
+        assert [p["id"] for p in reply["procs"]] == [procs[1]["id"]]  # the one that died unwatched is absent
+        kind, event, _ = peer.recv()
+        assert kind is Kind.HOST_EVENT and event["ev"] == "proc_died"
+        assert event["id"] == procs[0]["id"] and event["status"] is None  # adopted: no exit status
+        _ask(peer, host, sid, "stop_session")
+        assert not _running(procs[1]["pid"])
+    finally:
+        peer.close()
+
+
+def test_procs_adopted_while_no_controller_is_connected_are_stopped_after_the_orphan_timeout(home):
+    program = subprocess.Popen([sys.executable, str(ORPHAN_PROGRAM), f"agent-orphans-{os.getpid()}", "3", "600"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        pids = json.loads(program.stdout.readline())["pids"]
+    finally:
+        program.kill()
+        program.wait()
+    dead = _agent(home)
+    os.kill(dead["pid"], signal.SIGKILL)
+    _successor(home, dead)
+    time.sleep(1.0)
+    # Adopted (the orphan timeout counts from adoption: no controller has spoken to this agent) ...
+    assert all(_running(p) for p in pids), "stopped before the orphan timeout"
+    # ... and stopped once the session's own orphan timeout (3 s, carried by the procs) has passed.
+    _wait(lambda: not any(_running(p) for p in pids), 15, "orphaned procs stopped")
