@@ -1,8 +1,9 @@
 """Scenarios 6-11: the primary cut off from etcd, frozen, killed 20 times; etcd killed;
-procs killed under a restart policy; the host agent killed."""
+procs killed under a restart policy; the host agent killed, then a proc."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -12,8 +13,9 @@ import pytest
 from chaos_suite import assert_verdict, name
 
 from chaos import Fault, Schedule, kill
-from chaos.cluster import _host_pid, _proc_pid
+from chaos.cluster import _proc_pid
 from chaos.run import run_schedule
+from worker.host import host_file
 
 pytestmark = pytest.mark.chaos
 
@@ -108,28 +110,41 @@ def test_procs_sigkilled_during_calls_are_restarted_and_calls_run_at_most_once(t
     assert any("proc restarted" in f.effect for f in run.report.faults), run.report.text()
 
 
-def test_a_sigkilled_host_agent_leaves_procs_running_and_calls_flowing(toxiproxy, etcd, baseline, tmp_path):
-    """Observed semantics: procs are the host agent's children in their own sessions;
-    SIGKILL of the agent leaves them running, the controller keeps calling them
-    directly (no call lost or repeated), but nothing can restart a proc or stop the
-    session's procs any more: at session end they are left running (leaked; the
-    controller's stop_session request times out after 15 s)."""
-    steps = 150
+def test_a_sigkilled_host_agent_is_replaced_and_a_proc_killed_later_is_restarted(toxiproxy, etcd, baseline,
+                                                                                tmp_path):
+    """The host agent's procs outlive it (they are in their own sessions) and start a new
+    agent at its address, which adopts them: calls keep flowing with none lost or repeated,
+    a proc SIGKILLed afterwards is reported by the new agent and restarted under the
+    permanent policy, and at session end the new agent stops every proc (none leaked)."""
+    steps = LONG
     session = name("hostkill")
     seen: dict = {}
 
-    def note_procs(c) -> None:
+    def until_the_session_ends(c) -> None:
         c.wait_step(1)
-        seen["before"] = [_proc_pid(session, i) for i in range(3)]
-        seen["host"] = _host_pid()
+        seen["agent"] = json.loads(host_file().read_text())
+        # The controller ends the session itself (stop_session to the new agent); the run's
+        # teardown would otherwise kill it while it closes.
+        deadline = time.monotonic() + 150
+        while c.result is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if c.winner is not None:
+            c.winner.popen.wait(timeout=30)
+        seen["agent_after"] = json.loads(host_file().read_text())
+        seen["left"] = [_proc_pid(session, i) for i in range(3)]
 
-    sched = Schedule((Fault("kill", "host", at_s=0.3),))
+    sched = Schedule((Fault("kill", "host", at_s=0.3), Fault("kill", "proc/1", at_s=4.0)))
     run = run_schedule(toxiproxy, etcd, tmp_path, session, sched, expected=baseline(steps), steps=steps,
-                       standbys=0, driver=note_procs, env=PACED)
+                       standbys=0, driver=until_the_session_ends, env=PACED)
     try:
-        assert_verdict(run, "host agent SIGKILL")
-        after = [_proc_pid(session, i) for i in range(3)]
-        assert after == seen["before"] and None not in after, (seen, after)
+        assert_verdict(run, "host agent SIGKILL, then a proc SIGKILL")
+        assert run.report.injected == 2, run.runner_errors
+        old, new = seen["agent"], seen["agent_after"]
+        assert new["pid"] != old["pid"] and new["address"] == old["address"], (old, new)
+        (proc_kill,) = [f for f in run.report.faults if f.target == "proc/1"]
+        assert "proc restarted" in proc_kill.effect, run.report.text()
+        assert run.cluster.winner.popen.returncode == 0, "the controller did not end the session itself"
+        assert seen["left"] == [None, None, None], f"procs left running after the session ended: {seen}"
     finally:
         for pid in [_proc_pid(session, i) for i in range(3)]:
             if pid:
