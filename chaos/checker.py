@@ -52,6 +52,7 @@ class ChaosReport:
     duplicated: list[str] = field(default_factory=list)
     unjournaled: list[str] = field(default_factory=list)  # executions no journaled call explains
     failed_points: int = 0  # the actor's process died: at most once, and it did
+    rerun_after_crash: list[str] = field(default_factory=list)  # ran again after its actor died (invariant 3)
     timed_out_points: int = 0  # the program gave up after its deadline: at most once, and it did
     timed_out_unexecuted: int = 0  # ... of which never ran
     journal_ok: bool = False
@@ -82,6 +83,8 @@ class ChaosReport:
             f"  calls checked:   {self.points} (call, actor) points; {self.ran_once} ran exactly once",
             f"  lost:            {len(self.lost)}",
             f"  duplicated:      {len(self.duplicated)}",
+            f"  re-run:          {len(self.rerun_after_crash)} points ran again after the actor that ran them "
+            f"died (at-least-once across a crash, once per incarnation)",
             f"  unjournaled:     {len(self.unjournaled)}",
             f"  proc died:       {self.failed_points} points failed with SupervisionError (at most once each)",
             f"  timed out:       {self.timed_out_points} points past their deadline "
@@ -95,7 +98,8 @@ class ChaosReport:
         if self.failovers_s:
             lines.append(f"  failovers:       {len(self.failovers_s)}, p50 {percentile(self.failovers_s, 50):.2f} s, "
                          f"p95 {percentile(self.failovers_s, 95):.2f} s, max {max(self.failovers_s):.2f} s")
-        for title, items in (("lost", self.lost), ("duplicated", self.duplicated), ("unjournaled", self.unjournaled)):
+        for title, items in (("lost", self.lost), ("duplicated", self.duplicated), ("unjournaled", self.unjournaled),
+                             ("re-run", self.rerun_after_crash)):
             for item in items[:20]:
                 lines.append(f"  {title}: {item}")
         if self.faults:
@@ -151,7 +155,9 @@ def check_run(
         run = str(result.get("sid", "")).rsplit(".", 1)[-1] or None
         rep.retries = dict(result.get("retries") or {})
     recs = run_records(records, run)
-    _check_calls(rep, recs, executions)
+    killed = {int(e.detail["pid"]) for e in events
+              if e.kind == "kill" and e.target.startswith("proc") and isinstance(e.detail.get("pid"), int)}
+    _check_calls(rep, recs, executions, killed)
     if verify is not None:
         rep.journal_ok = bool(verify.ok)
         rep.journal_problems = list(getattr(verify, "problems", []))[:10]
@@ -166,7 +172,8 @@ def check_run(
     return rep
 
 
-def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Execution]) -> None:
+def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Execution],
+                 killed_pids: set[int] = frozenset()) -> None:
     calls: dict[int, dict] = {}
     results: dict[tuple[int, int], dict] = {}
     timeouts: set[int] = set()
@@ -179,6 +186,20 @@ def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Exe
         elif rec.kind == "obs" and d.get("w") == "timeout":
             timeouts.add(d["s"])
     ran = Counter((e.mesh, e.method, e.digest, e.rank) for e in executions)
+    where: dict[tuple, list[tuple[int, int]]] = {}
+    newest: dict[tuple[str, int], int] = {}
+    for e in executions:
+        where.setdefault((e.mesh, e.method, e.digest, e.rank), []).append((e.pid, e.incarnation))
+        newest[(e.mesh, e.rank)] = max(newest.get((e.mesh, e.rank), 0), e.incarnation)
+
+    def rerun_after_crash(key: tuple) -> bool:
+        """Each execution in its own incarnation, and every incarnation but one ended (its
+        process was killed, or the actor was rebuilt later): at-least-once, as promised."""
+        runs = where[key]
+        if len(set(runs)) != len(runs):
+            return False  # twice in one incarnation: a real duplicate
+        ended = [r for r in runs if r[0] in killed_pids or r[1] < newest[(key[0], key[3])]]
+        return len(ended) >= len(runs) - 1
     explained: set[tuple] = set()
     for seq in sorted(calls):
         d = calls[seq]
@@ -190,7 +211,9 @@ def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Exe
             rep.points += 1
             res = results.get((seq, pt))
             what = f"seq {seq} {d['k']} {d['a']}.{d['m']} on point {pt}"
-            if n > 1:
+            if n > 1 and rerun_after_crash(key):
+                rep.rerun_after_crash.append(f"{what}: ran {n} times, in incarnations {sorted(where[key])}")
+            elif n > 1:
                 rep.duplicated.append(f"{what}: ran {n} times")
             elif res is not None and res.get("st") in FAILED:
                 rep.failed_points += 1
@@ -260,7 +283,7 @@ def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]],
         elif e.kind == "restart":
             effect = "etcd started again on the same data"
         elif e.kind == "kill" and e.target == "host":
-            effect = "host agent SIGKILLed; procs keep running (not its children's lifetime)"
+            effect = "host agent SIGKILLed; its procs keep running, start a new agent at its address and are adopted"
         elif e.kind in ("toxic_add", "down", "pause"):
             end = ends.get((e.target, str(e.detail.get("fault"))), e.t)
             n = sum(1 for t in timeouts if e.t <= t <= end + deadline_s + 0.5)

@@ -285,12 +285,19 @@ def random_schedule(
     links: Iterable[str] = (),
     processes: Iterable[str] = (),
     kinds: Iterable[str] | None = None,
+    fault_s: tuple[float, float] | None = None,
 ) -> Schedule:
     """Draw ``n_faults`` faults within ``duration_s`` seconds; same arguments, same schedule.
 
     ``kinds`` defaults to every kind that has a target: link kinds if ``links`` is
     non-empty, kill and pause if ``processes`` is. Every fault ends by ``duration_s``.
+    A fault that lasts (all but kill) lasts 5-30 % of ``duration_s``, or a time drawn from
+    ``fault_s=(shortest, longest)`` seconds when given, so that a long schedule need not
+    mean long outages.
     """
+    if fault_s is not None and not (0 < fault_s[0] <= fault_s[1]):
+        raise ScheduleError(f"random_schedule: fault_s must be (shortest, longest) with 0 < shortest <= longest, "
+                            f"got {fault_s!r}")
     link_names, proc_names = sorted(set(links)), sorted(set(processes))
     if kinds is None:
         chosen = [k for k in FAULT_KINDS if (link_names if k in LINK_KINDS else proc_names)]
@@ -321,7 +328,8 @@ def random_schedule(
         duration = None
         if kind != "kill":
             longest = duration_s - at_s
-            duration = round(min(longest, rng.uniform(0.05, 0.3) * duration_s), 3)
+            drawn_s = rng.uniform(*fault_s) if fault_s else rng.uniform(0.05, 0.3) * duration_s
+            duration = round(min(longest, drawn_s), 3)
             duration = max(duration, 0.001)
         extra: dict[str, Any] = {}
         if kind in TOXICS:

@@ -58,6 +58,9 @@ from worker.logsetup import configure_logging
 from worker.supervision import MeshSupervisor
 from worker.transport import PeerGone
 
+# How long a new leader waits for a restarted host agent to finish adopting its procs.
+ADOPTION_WAIT_S = 8.0
+
 log = structlog.get_logger("regent.session")
 
 DEFAULT_LEASE_TTL_S = 2.0
@@ -251,6 +254,13 @@ class Session:
         for host in sorted(h for h in hosts if isinstance(h, str)):
             try:
                 reply = self.runtime.host_request(host, "hello", timeout=2.0)
+                # A restarted agent is still adopting the procs that outlived its
+                # predecessor: wait for its list to be complete (bounded), or procs on
+                # their way would be taken for dead and restarted.
+                deadline = time.monotonic() + ADOPTION_WAIT_S
+                while reply.get("complete") is False and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    reply = self.runtime.host_request(host, "hello", timeout=2.0)
             except TimeoutError:
                 log.warning("host agent from the journal did not answer", host=host)
                 continue

@@ -20,7 +20,8 @@ def record_figures(name: str, run) -> None:
         return
     r = run.report
     line = {"scenario": name, "faults": r.injected, "points": r.points, "ran_once": r.ran_once,
-            "lost": len(r.lost), "duplicated": len(r.duplicated), "failed_points": r.failed_points,
+            "lost": len(r.lost), "duplicated": len(r.duplicated), "rerun_after_crash": len(r.rerun_after_crash),
+            "failed_points": r.failed_points,
             "timed_out": r.timed_out_points, "failovers_s": r.failovers_s, "duration_s": r.duration_s,
             "retries": r.retries, "ok": r.ok}
     with Path(FIGURES).open("a") as f:

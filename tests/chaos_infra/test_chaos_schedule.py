@@ -182,6 +182,16 @@ def test_random_schedule_stays_within_its_targets_kinds_and_duration() -> None:
         random_schedule(1, 5.0, 3, LINKS, PROCESSES, kinds=["explode"])
 
 
+def test_random_schedule_fault_lengths_can_be_bounded_apart_from_the_schedule_length() -> None:
+    long = random_schedule(5, 100.0, 300, LINKS, PROCESSES, fault_s=(0.1, 2.0))
+    lasting = [f for f in long.faults if f.duration_s is not None]
+    assert lasting and all(0.001 <= f.duration_s <= 2.0 for f in lasting)
+    assert max(f.duration_s for f in random_schedule(5, 100.0, 300, LINKS, PROCESSES).faults
+               if f.duration_s is not None) > 10.0  # unbounded: up to 30 % of the schedule
+    with pytest.raises(ScheduleError, match="fault_s must be"):
+        random_schedule(1, 5.0, 3, LINKS, PROCESSES, fault_s=(2.0, 1.0))
+
+
 # The runner, against a real Toxiproxy server and real processes.
 
 

@@ -1,0 +1,71 @@
+"""The chaos checker on synthetic journals and ledgers: what counts as lost, duplicated,
+unjournaled, and as a re-run after a crash (at-least-once, invariant 3)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from chaos.checker import check_run
+from chaos.faults import FaultEvent
+from chaos.ledger import Execution
+from journal import Record
+
+DIGEST = "ab" * 16
+
+
+def _journal(*results: tuple[int, int, str]) -> list[Record]:
+    recs = [Record(0, 1, "start", {"run": "r1"}, 0.0),
+            Record(1, 1, "call", {"s": 5, "k": "call", "a": "w", "m": "square", "d": bytes.fromhex(DIGEST),
+                                  "pts": [0]}, 0.0)]
+    recs += [Record(2 + i, 1, "result", {"s": s, "pt": pt, "st": st}, 0.0) for i, (s, pt, st) in enumerate(results)]
+    return recs
+
+
+def _ran(*where: tuple[int, int]) -> list[Execution]:
+    return [Execution("w", 0, "square", DIGEST, pid, inc) for pid, inc in where]
+
+
+def _check(executions: list[Execution], events=(), results=((5, 0, "ok"),)):
+    out = {"out": [1], "sid": "s.r1"}
+    return check_run("s", _journal(*results), executions, result=out, expected={"out": [1]}, events=events,
+                     verify=SimpleNamespace(ok=True, problems=[]))
+
+
+def test_once_is_exactly_once() -> None:
+    rep = _check(_ran((100, 0)))
+    assert rep.ok and rep.ran_once == 1 and not rep.rerun_after_crash
+
+
+def test_twice_in_one_incarnation_is_a_duplicate() -> None:
+    rep = _check(_ran((100, 0), (100, 0)))
+    assert not rep.ok and len(rep.duplicated) == 1
+
+
+def test_twice_in_two_live_procs_of_one_incarnation_is_a_duplicate() -> None:
+    rep = _check(_ran((100, 0), (200, 0)))  # neither was killed nor replaced
+    assert not rep.ok and len(rep.duplicated) == 1
+
+
+def test_again_on_the_replacement_of_a_killed_proc_is_a_rerun_not_a_duplicate() -> None:
+    kill = FaultEvent(1.0, "kill", "proc/0", {"pid": 100})
+    rep = _check(_ran((100, 0), (200, 1)), events=[kill])
+    assert rep.ok, rep.text()
+    assert not rep.duplicated and len(rep.rerun_after_crash) == 1
+    assert "re-run:          1" in rep.text()
+
+
+def test_again_after_the_actor_was_rebuilt_is_a_rerun() -> None:
+    rep = _check(_ran((100, 0), (100, 1)))  # actor-level restart inside the same proc
+    assert rep.ok and len(rep.rerun_after_crash) == 1
+
+
+def test_three_times_with_only_one_incarnation_ended_is_a_duplicate() -> None:
+    kill = FaultEvent(1.0, "kill", "proc/0", {"pid": 100})
+    rep = _check(_ran((100, 0), (200, 1), (300, 1)), events=[kill])
+    assert not rep.ok and len(rep.duplicated) == 1
+
+
+def test_a_journaled_ok_result_that_never_ran_is_lost_and_an_unjournaled_run_is_reported() -> None:
+    rep = _check([Execution("w", 0, "square", "cd" * 16, 100, 0)])
+    assert not rep.ok
+    assert len(rep.lost) == 1 and len(rep.unjournaled) == 1
