@@ -297,7 +297,7 @@ class Session:
         else:
             data["x"] = {k: outcome.meta[k] for k in ("et", "em", "tb", "pid", "normal") if k in outcome.meta}
         # A supervision failure may differ between runs: durable before it is seen (invariant 4).
-        durable = outcome.status in ("dead", "exit")
+        durable = outcome.status in ("dead", "exit", "noactor")
         if outcome.status == "exit":
             self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
                                     abnormal=not outcome.meta.get("normal"))
@@ -495,6 +495,8 @@ class Session:
         procs = []
         for p in listing:
             ref = self.runtime.procs.get(p["id"])
+            if ref is None and jc is not None:
+                ref = self._replacement_of(p)
             if ref is None:
                 ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], p["host"], env=p.get("env") or {})
                 # Known from the journal but not reported alive by its host: it died meanwhile.
@@ -505,6 +507,21 @@ class Session:
         with self.runtime.lock:
             self.core.finished(seq)
         return ProcMesh(self, procs, View.full({"hosts": len(hosts), dim: count}))
+
+    def _replacement_of(self, listed: dict) -> ProcRef | None:
+        """A journaled proc that a previous leader replaced (its `proc_replaced` events), if
+        the replacement is alive: calls go on there, where results and rebuilt actors are.
+        Taking the listed proc for dead instead would restart it a second time."""
+        replaced = {e.get("old"): e.get("new") for e in self._replay.supervision if e.get("ev") == "proc_replaced"}
+        latest, seen = listed["id"], set()
+        while latest in replaced and latest not in seen:
+            seen.add(latest)
+            latest = replaced[latest]
+        ref = self.runtime.procs.get(latest) if latest != listed["id"] else None
+        if ref is None or not ref.alive:
+            return None
+        ref.key, ref.index, ref.env = listed["id"], listed["idx"], listed.get("env") or {}
+        return ref
 
     def _spawn_actors(self, mesh: ProcMesh, name: str, cls: type, args: tuple, kwargs: dict,
                       restart: Any = None) -> ActorMesh:
@@ -528,9 +545,15 @@ class Session:
             if policy is None:
                 raise  # unsupervised: a member that is gone stays gone
         self._actor_names.add(name)
-        self._supervisor.register(MeshState(
-            name, procs, dims, frames, MeshSupervisor(name, len(procs), policy) if policy else None,
-            coords=metas))
+        mesh_sup = MeshSupervisor(name, len(procs), policy) if policy else None
+        if mesh_sup is not None and self._replay is not None:
+            # Incarnations go on from where the previous leaders' restarts left them.
+            for e in self._replay.supervision:
+                if e.get("ev") == "restart" and e.get("mesh") == name:
+                    for r, inc in zip(e.get("ranks") or [], e.get("incarnation") or [], strict=False):
+                        if isinstance(r, int) and isinstance(inc, int):
+                            mesh_sup.incarnation[r] = max(mesh_sup.incarnation.get(r, 0), inc)
+        self._supervisor.register(MeshState(name, procs, dims, frames, mesh_sup, coords=metas))
         return ActorMesh(self, name, cls, procs, dims)
 
     def _stop_actors(self, mesh: ActorMesh) -> None:

@@ -204,12 +204,21 @@ def test_a_standby_carries_on_when_the_journaled_host_agent_and_its_procs_are_go
         old_address = json.loads(host_file().read_text())["address"]
         victims = [int(p) for p in subprocess.run(["pgrep", "-P", str(host_pid)], capture_output=True,
                                                  text=True).stdout.split()]
-        for pid in [first, host_pid, *victims]:
+        for pid in [*victims, host_pid, first]:  # procs first: a live proc restarts a dead agent
             os.kill(pid, signal.SIGKILL)
         c.by_pid(first).wait()
         squatter = socket.socket()
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", int(old_address.rsplit(":", 1)[1])))
+        port = int(old_address.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 5.0
+        while True:  # SIGKILL is asynchronous: the dead agent's sockets close as it exits
+            try:
+                squatter.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         squatter.listen()
         go.touch()
         standby = c.start()
