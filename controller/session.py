@@ -222,6 +222,7 @@ class Session:
         before the run ends, so ending it does not cut them off."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.runtime.flush()
             with self.runtime.lock:
                 if not self.core.calls:
                     return
@@ -373,6 +374,7 @@ class Session:
         # A checkpoint is a barrier: a takeover skips everything before it, so every
         # earlier call must have completed (broadcasts included) and be journaled.
         while True:
+            self.runtime.flush()
             with self.runtime.lock:
                 outstanding = [c for c in self.core.calls if c < seq]
             if not outstanding:
@@ -549,8 +551,7 @@ class Session:
 
     def _call(self, mesh: ActorMesh, method: str, args: tuple, kwargs: dict, kind: str,
               ranks: tuple[int, ...] | None, sink: Any) -> PendingCall:
-        frames = wire.dumps((args, kwargs))
-        digest = wire.call_digest((args, kwargs), frames)
+        frames, digest = wire.dumps_call(args, kwargs)
         return self._issue_call(Kind.CALL, kind, mesh.name, method, frames, digest, mesh._procs, ranks, sink,
                                 choose_from=mesh if ranks is None else None)
 
@@ -569,6 +570,7 @@ class Session:
         sink.decode = self._decode
         if isinstance(sink, GatherSink):
             sink.future._on_get = partial(self._get, seq)
+            sink.future._on_wait = self.runtime.flush
         # Members that are restarting are waited for before anything is recorded as sent.
         unavailable: dict[int, str] = {}
         mesh_state = self._supervisor.meshes.get(actor) if wire_kind is Kind.CALL else None
@@ -608,7 +610,7 @@ class Session:
 
     def _send(self, call: PendingCall, proc: ProcRef, rank: int, msg: list) -> None:
         try:
-            self.runtime.send_to_proc(proc, msg)
+            self.runtime.queue_to_proc(proc, msg)
         except PeerGone as e:
             self.runtime.deliver_local(call, rank, Outcome("dead", {"em": str(e), "pt": rank}, []))
 
@@ -664,6 +666,7 @@ class Session:
         deadline = None if timeout is None else time.monotonic() + timeout
         for i in range(len(sink.view.ranks)):
             key = (call.seq, "stream", i)
+            self.runtime.flush()
             if self._replay is not None and key in self._replay.obs:
                 rank = self._replay.obs[key]
                 while rank not in buffered:

@@ -2,7 +2,9 @@
 
 A message is a zmq multipart: frame 0 is an 8-byte header plus a msgpack map of
 metadata; frame 1 (optional) is a pickle-5 payload; frames 2.. are its out-of-band
-buffers. Parsing validates everything before a payload is ever unpickled, and
+buffers. A BATCH message carries many messages to one peer in one send: its metadata
+lists how many frames each one has, and each is then validated exactly as if it had
+come alone. Parsing validates everything before a payload is ever unpickled, and
 payloads are only unpickled from peers the transport authenticated.
 """
 
@@ -42,9 +44,14 @@ class Kind(enum.IntEnum):
     PROC_READY = 10  # proc -> host agent
     PING = 11
     PONG = 12
+    BATCH = 13  # any -> any: several messages to one peer, in the order they were sent
 
 
 _KINDS = {int(k) for k in Kind}
+_KIND_OF = {int(k): k for k in Kind}
+# A batch never holds more messages than this, nor (with its header) more than
+# MAX_BUFFERS + 2 frames, so it passes the same frame limit as a single message.
+MAX_BATCH = 1024
 
 
 def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
@@ -82,7 +89,89 @@ def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
         raise ProtocolError(f"metadata is not valid msgpack: {e}") from None
     if not isinstance(meta, dict):
         raise ProtocolError("metadata is not a map")
-    return Kind(kind), meta, list(frames[1:])
+    return _KIND_OF[kind], meta, list(frames[1:])
+
+
+def encode_batch(messages: Sequence[list]) -> list:
+    """One message carrying several (each a list of frames, as `encode` returns them)."""
+    counts = [len(m) for m in messages]
+    frames = encode(Kind.BATCH, {"n": counts})
+    for m in messages:
+        frames += m
+    return frames
+
+
+def split_batch(meta: dict, frames: list) -> list[list]:
+    """The messages inside a decoded BATCH, each still to be `decode`d on its own.
+
+    Raises ProtocolError when the frame counts do not describe the frames exactly."""
+    counts = meta.get("n")
+    if type(counts) is not list or not counts or len(counts) > MAX_BATCH:
+        raise ProtocolError(f"batch field 'n' must list 1..{MAX_BATCH} frame counts")
+    out = []
+    at = 0
+    for c in counts:
+        if type(c) is not int or c < 1 or at + c > len(frames):
+            raise ProtocolError(f"batch frame counts {str(counts)[:200]} do not fit its {len(frames)} frames")
+        out.append(frames[at : at + c])
+        at += c
+    if at != len(frames):
+        raise ProtocolError(f"batch frame counts cover {at} of its {len(frames)} frames")
+    return out
+
+
+# How much one batch carries: messages, frames (header included) and payload bytes.
+# A message with a payload over BATCH_ALONE_BYTES travels on its own (no copy into a batch
+# would help, and it should not hold small ones back).
+BATCH_MESSAGES = 256
+BATCH_FRAMES = MAX_BUFFERS + 2
+BATCH_BYTES = 1 << 20
+BATCH_ALONE_BYTES = 64 * 1024
+
+
+def message_bytes(msg: list) -> int:
+    """Payload bytes of an encoded message (the header frame is small and not counted)."""
+    n = 0
+    for f in msg[1:]:
+        n += len(f.buffer if hasattr(f, "buffer") else f)
+    return n
+
+
+def pack(messages: Sequence[list]) -> list[list]:
+    """Group messages to one peer into as few sends as the batch limits allow, in order.
+    Each element is a list of frames ready to send: a single message or a BATCH."""
+    out: list[list] = []
+    group: list[list] = []
+    frames = nbytes = 0
+
+    def close_group() -> None:
+        if group:
+            out.append(group[0] if len(group) == 1 else encode_batch(group))
+
+    for msg in messages:
+        size = message_bytes(msg) if len(msg) > 1 else 0
+        if size > BATCH_ALONE_BYTES or len(msg) + 1 > BATCH_FRAMES:
+            close_group()
+            group, frames, nbytes = [], 0, 0
+            out.append(msg)
+            continue
+        if group and (len(group) >= BATCH_MESSAGES or frames + len(msg) + 1 > BATCH_FRAMES
+                      or nbytes + size > BATCH_BYTES):
+            close_group()
+            group, frames, nbytes = [], 0, 0
+        group.append(msg)
+        frames += len(msg)
+        nbytes += size
+    close_group()
+    return out
+
+
+def decode_one(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
+    """`decode` for a message taken out of a batch: batches do not nest."""
+    kind, meta, payload = decode(frames)
+    if kind is Kind.BATCH:
+        raise ProtocolError("a batch inside a batch")
+    return kind, meta, payload
 
 
 def require(meta: dict, key: str, typ: type | tuple[type, ...]) -> Any:
@@ -94,22 +183,31 @@ def require(meta: dict, key: str, typ: type | tuple[type, ...]) -> Any:
 
 
 _PLAIN = (int, float, str, bytes, bool, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def _is_plain(obj: Any, depth: int = 0) -> bool:
-    """True for data the stdlib pickler handles identically everywhere (no classes)."""
-    if isinstance(obj, _PLAIN):
-        return True
-    if depth > 3:
-        return False
+    """True for data the stdlib pickler handles identically everywhere (no classes).
+
+    On every call's path, so plain loops rather than all() over generators."""
     t = type(obj)
+    if t in _PLAIN_TYPES:
+        return True
     if t is tuple or t is list:
-        return len(obj) <= 64 and all(_is_plain(x, depth + 1) for x in obj)
+        if depth > 3 or len(obj) > 64:
+            return False
+        for x in obj:
+            if not _is_plain(x, depth + 1):
+                return False
+        return True
     if t is dict:
-        return len(obj) <= 64 and all(
-            _is_plain(k, depth + 1) and _is_plain(v, depth + 1) for k, v in obj.items()
-        )
-    return False
+        if depth > 3 or len(obj) > 64:
+            return False
+        for k, v in obj.items():
+            if not (_is_plain(k, depth + 1) and _is_plain(v, depth + 1)):
+                return False
+        return True
+    return isinstance(obj, _PLAIN)
 
 
 def _rebuild_tensor(buf: Any, dtype: Any, shape: tuple, requires_grad: bool) -> Any:
@@ -187,6 +285,23 @@ def call_digest(obj: Any, frames: Sequence[Any]) -> bytes:
     except (pickle.PicklingError, AttributeError, TypeError):
         return digest(frames)  # lambdas and local classes: only cloudpickle can say
     return digest([f.getvalue(), *(b.raw() for b in buffers)])
+
+
+_EMPTY_CALL = pickle.dumps(((), {}), protocol=5)
+_EMPTY_CALL_DIGEST = xxhash.xxh3_128_digest(_EMPTY_CALL)
+
+
+def dumps_call(args: tuple, kwargs: dict) -> tuple[list, bytes]:
+    """Payload frames and argument digest of a call: `dumps` and `call_digest` of
+    (args, kwargs), with no work for the common call without arguments."""
+    if not args and not kwargs:
+        return [_EMPTY_CALL], _EMPTY_CALL_DIGEST
+    obj = (args, kwargs)
+    if _is_plain(obj):
+        main = pickle.dumps(obj, protocol=5)
+        return [main], xxhash.xxh3_128_digest(main)
+    frames = dumps(obj)
+    return frames, call_digest(obj, frames)
 
 
 def payload_size(frames: Sequence[Any]) -> int:

@@ -3,7 +3,8 @@
 The proc's single thread runs an asyncio loop fed by its authenticated inbox. Each
 actor has a mailbox and handles one message at a time; sync endpoints run inline
 (no thread hand-off on the call path), async ones as tasks. Every call passes the
-epoch fence and the dedupe cache before it can run.
+epoch fence and the dedupe cache before it can run. Replies are collected per return
+address and sent as one batch once the inbox is drained (or a task finished).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class ProcRuntime:
         self.dedupe = DedupeCache()
         self.actors: dict[str, _Slot] = {}
         self.pending: dict[str, collections.deque] = {}
+        self._out: dict[str, list] = {}  # replies not yet sent, per return address
+        self._reading = False
         self.loop = asyncio.new_event_loop()
         self.stopping = False
         self.dropped = 0
@@ -113,24 +116,47 @@ class ProcRuntime:
 
     def _on_readable(self) -> None:
         sock = self.inbox.sock
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self._handle(frames)
+        self._reading = True
+        try:
+            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._handle(frames)
+        finally:
+            self._reading = False
+            self._flush_out()
 
     def _handle(self, frames: list) -> None:
         try:
             kind, meta, payload = wire.decode(frames)
-            self._dispatch(kind, meta, payload, frames[0])
+            if kind is Kind.BATCH:
+                subs = wire.split_batch(meta, payload)
+            else:
+                self._dispatch(kind, meta, payload, frames[0])
+                return
         except ProtocolError as e:
-            self.dropped += 1
-            peer = _peer_of(frames[0]) if frames else "?"
-            log.warning("dropped malformed message", peer=peer, proc=self.proc_id, error=str(e))
+            self._drop(frames, e)
+            return
         except Exception:
             self.dropped += 1
             log.exception("dropped message that failed to dispatch", proc=self.proc_id)
+            return
+        for sub in subs:  # each as if it had come alone: one bad message spoils no other
+            try:
+                kind, meta, payload = wire.decode_one(sub)
+                self._dispatch(kind, meta, payload, frames[0])
+            except ProtocolError as e:
+                self._drop(frames, e)
+            except Exception:
+                self.dropped += 1
+                log.exception("dropped message from a batch that failed to dispatch", proc=self.proc_id)
+
+    def _drop(self, frames: list, e: ProtocolError) -> None:
+        self.dropped += 1
+        peer = _peer_of(frames[0]) if frames else "?"
+        log.warning("dropped malformed message", peer=peer, proc=self.proc_id, error=str(e))
 
     def _dispatch(self, kind: Kind, meta: dict, payload: list, head: Any) -> None:
         if kind is Kind.PING:
@@ -373,6 +399,24 @@ class ProcRuntime:
         self._send(rt, wire.encode(kind, meta, frames or []))
 
     def _send(self, rt: str, msg: list) -> None:
+        """Collect a reply; `_flush_out` sends each address's replies as few batches."""
+        out = self._out.get(rt)
+        if out is None:
+            if not self._out and not self._reading:  # from a task: send once this step is done
+                self.loop.call_soon(self._flush_out)
+            self._out[rt] = [msg]
+        else:
+            out.append(msg)
+
+    def _flush_out(self) -> None:
+        if not self._out:
+            return
+        out, self._out = self._out, {}
+        for rt, msgs in out.items():
+            for frames in wire.pack(msgs):
+                self._transmit(rt, frames)
+
+    def _transmit(self, rt: str, msg: list) -> None:
         """Send without blocking the loop; a full peer gets a backlog retried shortly."""
         backlog = self.pending.get(rt)
         if backlog:
