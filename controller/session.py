@@ -23,13 +23,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from functools import partial
 from typing import Any
 
 import msgpack
 import structlog
 
-from controller._runtime import RESEND_FIRST_S, ProcRef, Runtime
+from controller._runtime import RESEND_FIRST_S, ProcRef, Runtime, Wire
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.ephemeral import NoJournal, NoWriter
 from controller.futures import Future, Point, point_of
@@ -137,6 +136,7 @@ class Session:
             self.run_id = secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
         self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead)
+        self._no_journal = isinstance(self.writer, NoWriter)
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         self.replaying = self._replay is not None and self._replay.max_seq >= 0
@@ -146,6 +146,9 @@ class Session:
         self.runtime = Runtime(self.sid, self.epoch, self.core, links)
         self.runtime.orphan_timeout_s = orphan_timeout_s
         self.runtime.record_result = self._record_result
+        self._get_hook = self._get  # bound once: each call's future shares them
+        self._flush_hook = self.runtime.flush
+        self._decode_hook = self._decode
         self.runtime.durable_through = self._durable_through
         self._supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                       _sys_path())
@@ -277,6 +280,11 @@ class Session:
     def _record_result(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """IO thread: journal a point's outcome before the program can see it."""
         if outcome.status == "fenced" or outcome.meta.get("_journaled"):
+            return
+        if self._no_journal:
+            if outcome.status == "exit":
+                self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
+                                        abnormal=not outcome.meta.get("normal"))
             return
         data: dict[str, Any] = {"s": call.seq, "pt": point, "st": outcome.status}
         if outcome.status == "ok":
@@ -567,10 +575,12 @@ class Session:
             else:
                 ranks = (self._choose(choose_from),)
                 self._submit(OBS, {"s": seq, "w": "choose", "i": 0, "v": ranks[0]}, durable=True)
-        sink.decode = self._decode
+        sink.decode = self._decode_hook
         if isinstance(sink, GatherSink):
-            sink.future._on_get = partial(self._get, seq)
-            sink.future._on_wait = self.runtime.flush
+            fut = sink.future
+            fut.tag = seq
+            fut._on_get = self._get_hook
+            fut._on_wait = self._flush_hook
         # Members that are restarting are waited for before anything is recorded as sent.
         unavailable: dict[int, str] = {}
         mesh_state = self._supervisor.meshes.get(actor) if wire_kind is Kind.CALL else None
@@ -590,7 +600,8 @@ class Session:
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
-        call.wire = (wire_kind, dict(base), frames, metas, procs, [time.monotonic(), RESEND_FIRST_S])
+        # base is changed below (pt, metas) but a resend sets those again for its point.
+        call.wire = Wire(wire_kind, base, frames, metas, procs, time.monotonic(), RESEND_FIRST_S)
         for r in ranks:
             res = jc.results.get(r) if jc is not None else None
             if res is not None and "big" not in res:
@@ -614,8 +625,9 @@ class Session:
         except PeerGone as e:
             self.runtime.deliver_local(call, rank, Outcome("dead", {"em": str(e), "pt": rank}, []))
 
-    def _get(self, seq: int, fut: Future, timeout: float | None) -> None:
+    def _get(self, fut: Future, timeout: float | None) -> None:
         """Future.get for calls: a timeout the program saw is journaled, and replayed."""
+        seq = fut.tag
         n = self._timeouts.get(seq, 0)
         key = (seq, "timeout", n)
         if self._replay is not None and key in self._replay.obs:

@@ -49,9 +49,7 @@ class Kind(enum.IntEnum):
 
 _KINDS = {int(k) for k in Kind}
 _KIND_OF = {int(k): k for k in Kind}
-# A batch never holds more messages than this, nor (with its header) more than
-# MAX_BUFFERS + 2 frames, so it passes the same frame limit as a single message.
-MAX_BATCH = 1024
+MAX_BATCH = 1024  # messages in one batch, at most
 
 
 def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
@@ -59,7 +57,7 @@ def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
     body = msgpack.packb(meta, use_bin_type=True)
     if len(body) > MAX_META_BYTES:
         raise ProtocolError(f"message metadata is {len(body)} bytes, above {MAX_META_BYTES}")
-    return [_HEADER.pack(MAGIC, VERSION, int(kind), len(body)) + body, *payload]
+    return [_HEADER.pack(MAGIC, VERSION, kind, len(body)) + body, *payload]
 
 
 def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
@@ -93,48 +91,65 @@ def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
 
 
 def encode_batch(messages: Sequence[list]) -> list:
-    """One message carrying several (each a list of frames, as `encode` returns them)."""
-    counts = [len(m) for m in messages]
-    frames = encode(Kind.BATCH, {"n": counts})
+    """One message carrying several (each a list of frames, as `encode` returns them):
+    a header listing every frame's length, per message, and one frame of all their bytes."""
+    lengths = []
+    parts = []
     for m in messages:
-        frames += m
-    return frames
+        lengths.append([len(f) for f in m])
+        parts += m
+    return encode(Kind.BATCH, {"n": lengths}, [b"".join(parts)])
 
 
 def split_batch(meta: dict, frames: list) -> list[list]:
-    """The messages inside a decoded BATCH, each still to be `decode`d on its own.
+    """The messages inside a decoded BATCH, each still to be `decode`d on its own (its
+    frames are views into the batch's bytes, not copies).
 
-    Raises ProtocolError when the frame counts do not describe the frames exactly."""
-    counts = meta.get("n")
-    if type(counts) is not list or not counts or len(counts) > MAX_BATCH:
-        raise ProtocolError(f"batch field 'n' must list 1..{MAX_BATCH} frame counts")
+    Raises ProtocolError when the lengths do not describe the batch's bytes exactly."""
+    lengths = meta.get("n")
+    if type(lengths) is not list or not lengths or len(lengths) > MAX_BATCH:
+        raise ProtocolError(f"batch field 'n' must list the frame lengths of 1..{MAX_BATCH} messages")
+    if len(frames) != 1:
+        raise ProtocolError(f"a batch has one body frame, this one has {len(frames)}")
+    body = frames[0]
+    body = body.buffer if hasattr(body, "buffer") else memoryview(body)
+    size = len(body)
     out = []
     at = 0
-    for c in counts:
-        if type(c) is not int or c < 1 or at + c > len(frames):
-            raise ProtocolError(f"batch frame counts {str(counts)[:200]} do not fit its {len(frames)} frames")
-        out.append(frames[at : at + c])
-        at += c
-    if at != len(frames):
-        raise ProtocolError(f"batch frame counts cover {at} of its {len(frames)} frames")
+    for msg in lengths:
+        if type(msg) is not list or not msg or len(msg) > BATCH_MESSAGE_FRAMES:
+            raise ProtocolError(f"batch message lengths {str(msg)[:100]} are not 1..{BATCH_MESSAGE_FRAMES} ints")
+        sub = []
+        for n in msg:
+            if type(n) is not int or n < 0 or at + n > size:
+                raise ProtocolError(f"batch lengths {str(lengths)[:200]} do not fit its {size} bytes")
+            sub.append(body[at : at + n])
+            at += n
+        out.append(sub)
+    if at != size:
+        raise ProtocolError(f"batch lengths cover {at} of its {size} bytes")
     return out
 
 
-# How much one batch carries: messages, frames (header included) and payload bytes.
-# A message with a payload over BATCH_ALONE_BYTES travels on its own (no copy into a batch
-# would help, and it should not hold small ones back).
+# What one batch carries: at most BATCH_MESSAGES messages and about BATCH_BYTES bytes.
+# A message with a payload over BATCH_ALONE_BYTES, or many buffers, travels on its own:
+# copying it into a batch would cost more than its own send.
 BATCH_MESSAGES = 256
-BATCH_FRAMES = MAX_BUFFERS + 2
 BATCH_BYTES = 1 << 20
 BATCH_ALONE_BYTES = 64 * 1024
+BATCH_MESSAGE_FRAMES = 4
 
 
 def message_bytes(msg: list) -> int:
     """Payload bytes of an encoded message (the header frame is small and not counted)."""
     n = 0
     for f in msg[1:]:
-        n += len(f.buffer if hasattr(f, "buffer") else f)
+        n += len(f)  # bytes, 'B'-format memoryviews (PickleBuffer.raw) and zmq Frames
     return n
+
+
+def batchable(msg: list, size: int) -> bool:
+    return size <= BATCH_ALONE_BYTES and len(msg) <= BATCH_MESSAGE_FRAMES
 
 
 def pack(messages: Sequence[list]) -> list[list]:
@@ -142,25 +157,23 @@ def pack(messages: Sequence[list]) -> list[list]:
     Each element is a list of frames ready to send: a single message or a BATCH."""
     out: list[list] = []
     group: list[list] = []
-    frames = nbytes = 0
+    nbytes = 0
 
     def close_group() -> None:
         if group:
             out.append(group[0] if len(group) == 1 else encode_batch(group))
 
     for msg in messages:
-        size = message_bytes(msg) if len(msg) > 1 else 0
-        if size > BATCH_ALONE_BYTES or len(msg) + 1 > BATCH_FRAMES:
+        size = message_bytes(msg)
+        if not batchable(msg, size):
             close_group()
-            group, frames, nbytes = [], 0, 0
+            group, nbytes = [], 0
             out.append(msg)
             continue
-        if group and (len(group) >= BATCH_MESSAGES or frames + len(msg) + 1 > BATCH_FRAMES
-                      or nbytes + size > BATCH_BYTES):
+        if group and (len(group) >= BATCH_MESSAGES or nbytes + size > BATCH_BYTES):
             close_group()
-            group, frames, nbytes = [], 0, 0
+            group, nbytes = [], 0
         group.append(msg)
-        frames += len(msg)
         nbytes += size
     close_group()
     return out
@@ -262,6 +275,9 @@ def loads(frames: Sequence[Any]) -> Any:
     """Inverse of dumps. Only call on frames from an authenticated peer."""
     if not frames:
         raise ProtocolError("missing payload frame")
+    if len(frames) == 1:
+        f = frames[0]
+        return pickle.loads(f.buffer if hasattr(f, "buffer") else f)
     main, *bufs = (f.buffer if hasattr(f, "buffer") else f for f in frames)
     return pickle.loads(main, buffers=bufs)
 
@@ -289,13 +305,14 @@ def call_digest(obj: Any, frames: Sequence[Any]) -> bytes:
 
 _EMPTY_CALL = pickle.dumps(((), {}), protocol=5)
 _EMPTY_CALL_DIGEST = xxhash.xxh3_128_digest(_EMPTY_CALL)
+_EMPTY_CALL_FRAMES = (_EMPTY_CALL,)
 
 
-def dumps_call(args: tuple, kwargs: dict) -> tuple[list, bytes]:
-    """Payload frames and argument digest of a call: `dumps` and `call_digest` of
-    (args, kwargs), with no work for the common call without arguments."""
+def dumps_call(args: tuple, kwargs: dict) -> tuple[Sequence[Any], bytes]:
+    """Payload frames (not to be changed: they may be shared) and argument digest of a
+    call: `dumps` and `call_digest` of (args, kwargs), no work for a call without any."""
     if not args and not kwargs:
-        return [_EMPTY_CALL], _EMPTY_CALL_DIGEST
+        return _EMPTY_CALL_FRAMES, _EMPTY_CALL_DIGEST
     obj = (args, kwargs)
     if _is_plain(obj):
         main = pickle.dumps(obj, protocol=5)

@@ -295,6 +295,9 @@ class ProcRuntime:
         self._cleanup(slot)
 
     def _finish_value(self, seq: int, actor: str, point: int, value: Any) -> None:
+        if value is None:  # no payload at all: the controller reads an empty result as None
+            self._finish(seq, actor, point, "ok")
+            return
         try:
             frames = wire.dumps(value)
         except Exception as e:

@@ -46,9 +46,10 @@ class Inbox:
 
     def pending(self) -> Iterator[list]:
         """Every message already waiting, without blocking (the caller owns the socket)."""
-        while True:
+        sock = self.sock
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a zmq.Again per drain
             try:
-                yield self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                yield sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
 
@@ -77,7 +78,6 @@ class Peer:
                  dirty: set[Peer] | None = None):
         self.address = address
         self._queued: list[list] = []
-        self._queued_frames = 0
         self._queued_bytes = 0
         self.queued_since = 0.0
         self._alive: Callable[[], bool] | None = None
@@ -124,22 +124,19 @@ class Peer:
         """Add a message to the next batch. The batch goes out when it is full or older
         than BATCH_MAX_AGE_S (checked here), or on `flush`; PeerGone if alive() turns
         false while a full peer makes this wait."""
-        size = wire.message_bytes(msg) if len(msg) > 1 else 0
+        size = wire.message_bytes(msg)
         with self.lock:
-            if size > wire.BATCH_ALONE_BYTES or len(msg) + 1 > wire.BATCH_FRAMES:
+            if not wire.batchable(msg, size):
                 if self._queued:
                     self._flush_locked(True)
                 self._send_locked(msg, alive)
                 return
-            if self._queued and self._queued_frames + len(msg) + 1 > wire.BATCH_FRAMES:
-                self._flush_locked(True)
             now = time.monotonic()
             if not self._queued:
                 self.queued_since = now
                 if self._dirty is not None:
                     self._dirty.add(self)
             self._queued.append(msg)
-            self._queued_frames += len(msg)
             self._queued_bytes += size
             self._alive = alive
             if (len(self._queued) >= wire.BATCH_MESSAGES
@@ -180,7 +177,7 @@ class Peer:
 
     def _clear_queue(self) -> None:
         self._queued = []
-        self._queued_frames = self._queued_bytes = 0
+        self._queued_bytes = 0
         if self._dirty is not None:
             self._dirty.discard(self)
 
