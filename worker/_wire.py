@@ -15,6 +15,7 @@ import io
 import pickle
 import struct
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,9 +53,25 @@ _KIND_OF = {int(k): k for k in Kind}
 MAX_BATCH = 1024  # messages in one batch, at most
 
 
+_local = threading.local()  # one reusable Packer per thread: packb builds one per call
+
+
+def _packer() -> msgpack.Packer:
+    try:
+        return _local.packer
+    except AttributeError:
+        _local.packer = msgpack.Packer(use_bin_type=True)
+        return _local.packer
+
+
 def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
     """Frames for one message; payload is [pickle bytes, *buffers] or empty."""
-    body = msgpack.packb(meta, use_bin_type=True)
+    packer = _packer()
+    try:
+        body = packer.pack(meta)
+    except BaseException:
+        packer.reset()  # a failed pack may leave part of the value in the buffer
+        raise
     if len(body) > MAX_META_BYTES:
         raise ProtocolError(f"message metadata is {len(body)} bytes, above {MAX_META_BYTES}")
     return [_HEADER.pack(MAGIC, VERSION, kind, len(body)) + body, *payload]
@@ -322,4 +339,7 @@ def dumps_call(args: tuple, kwargs: dict) -> tuple[Sequence[Any], bytes]:
 
 
 def payload_size(frames: Sequence[Any]) -> int:
-    return sum(len(f.buffer if hasattr(f, "buffer") else f) for f in frames)
+    n = 0
+    for f in frames:
+        n += len(f)  # bytes, 'B'-format memoryviews (PickleBuffer.raw) and zmq Frames
+    return n

@@ -47,6 +47,14 @@ class _Slot:
     mailbox: collections.deque = field(default_factory=collections.deque)
     busy: bool = False
     executions: int = 0
+    bound: dict[str, tuple[Any, bool]] = field(default_factory=dict)  # method -> (fn, is async)
+
+    def endpoint(self, method: str) -> tuple[Any, bool]:
+        found = self.bound.get(method)
+        if found is None:
+            fn = getattr(self.instance, method)
+            found = self.bound[method] = (fn, is_async_endpoint(fn))
+        return found
 
 
 class ProcRuntime:
@@ -238,8 +246,8 @@ class ProcRuntime:
         slot.busy = True
         while slot.mailbox:
             seq, point, method, payload = slot.mailbox.popleft()
-            fn = getattr(slot.instance, method)
-            if is_async_endpoint(fn):
+            fn, is_async = slot.endpoint(method)
+            if is_async:
                 self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload))
                 return
             token = _current.set(slot.ctx)
@@ -311,7 +319,8 @@ class ProcRuntime:
 
     def _result_meta(self, seq: int, actor: str, point: int, status: str, **extra: Any) -> dict:
         meta = {"sid": self.session, "s": seq, "a": actor, "pt": point, "st": status}
-        meta.update(extra)
+        if extra:
+            meta.update(extra)
         return meta
 
     def _finish(self, seq: int, actor: str, point: int, status: str, frames: list | None = None, **extra: Any) -> None:
