@@ -594,7 +594,8 @@ class Session:
         targets = {r: procs[r].key for r in ranks}
         with self.runtime.lock:
             call = self.core.expect(seq, kind, actor, method, targets, sink)
-        sink.call = call
+        if isinstance(sink, StreamSink):  # the stream reads results from its call; other
+            sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
         if jc is None:
             self._submit(CALL, {"s": seq, "k": kind, "a": actor, "m": method, "d": digest, "pts": list(ranks)})
             self.stats["live"] += 1
