@@ -207,6 +207,8 @@ def decode_one(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
 def require(meta: dict, key: str, typ: type | tuple[type, ...]) -> Any:
     """A field of validated type, or ProtocolError naming it."""
     v = meta.get(key)
+    if type(v) is typ:  # the usual case, and never a bool passing for an int
+        return v
     if not isinstance(v, typ) or isinstance(v, bool) and typ is int:
         raise ProtocolError(f"field {key!r} missing or not {typ}")
     return v

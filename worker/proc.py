@@ -34,6 +34,7 @@ from worker.security import load_credentials, stop_authenticator
 from worker.transport import Inbox, Outbox, valid_address
 
 log = structlog.get_logger("regent.proc")
+_NO_FRAMES: tuple = ()
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ProcRuntime:
         self.pending: dict[str, collections.deque] = {}
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
         self._reading = False
+        self._rt_checked = ""  # the last reply address found valid
         self.loop = asyncio.new_event_loop()
         self.stopping = False
         self.dropped = 0
@@ -177,8 +179,10 @@ class ProcRuntime:
             raise ProtocolError(f"message for session {meta['sid']!r}, this proc serves {self.session!r}")
         epoch = wire.require(meta, "e", int)
         rt = meta.get("rt")
-        if rt is not None and not valid_address(rt):
-            raise ProtocolError(f"bad reply address {rt!r}")
+        if rt is not None and rt != self._rt_checked:
+            if not valid_address(rt):
+                raise ProtocolError(f"bad reply address {rt!r}")
+            self._rt_checked = rt  # the controller's address, in almost every message
         if not self.fence.admit(epoch):
             if rt:
                 self._reply(rt, Kind.RESULT, {
@@ -325,7 +329,7 @@ class ProcRuntime:
 
     def _finish(self, seq: int, actor: str, point: int, status: str, frames: list | None = None, **extra: Any) -> None:
         meta = self._result_meta(seq, actor, point, status, **extra)
-        frames = frames or []
+        frames = frames or _NO_FRAMES
         waiters = self.dedupe.complete(seq, actor, (meta, frames), wire.payload_size(frames))
         if waiters:
             msg = wire.encode(Kind.RESULT, meta, frames)
