@@ -37,7 +37,6 @@ WATERMARK_INTERVAL_S = 0.2
 RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
 HOST_HELLO_INTERVAL_S = 1.0
-SPIN_S = float(__import__("os").environ.get("REGENT_SPIN_S", "0.0002"))
 
 
 @dataclass
@@ -223,7 +222,6 @@ class Runtime:
         sock = self.inbox.sock
         with self._want_lock:
             self._wanted += 1
-        spin = SPIN_S > 0
         try:
             while not fut.done():
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -232,9 +230,6 @@ class Runtime:
                 if self._stop.is_set() or not self._drive.acquire(timeout=0.002):
                     continue
                 try:
-                    if spin:
-                        self._spin(fut)
-                        spin = False
                     while not fut.done():
                         remaining = None if deadline is None else deadline - time.monotonic()
                         if remaining is not None and remaining <= 0:
@@ -249,16 +244,6 @@ class Runtime:
         finally:
             with self._want_lock:
                 self._wanted -= 1
-
-    def _spin(self, fut: Future) -> None:
-        """Poll the inbox without sleeping for a moment: a reply that comes within it
-        costs no thread sleep and wake-up, the dearest part of a round trip on a VM."""
-        sock = self.inbox.sock
-        clock = time.perf_counter
-        until = clock() + SPIN_S
-        while not fut.done() and clock() < until:
-            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self._drain()
 
     def _handle(self, frames: list) -> None:
         try:
