@@ -148,7 +148,8 @@ def split_batch(meta: dict, frames: list) -> list[list]:
     return out
 
 
-# What one batch carries: at most BATCH_MESSAGES messages and about BATCH_BYTES bytes.
+# What one batch carries: at most BATCH_MESSAGES messages and BATCH_BYTES bytes (less
+# where the receiver's REGENT_MAX_MESSAGE_BYTES is lower: see batch_bytes).
 # A message with a payload over BATCH_ALONE_BYTES, or many buffers, travels on its own:
 # copying it into a batch would cost more than its own send.
 BATCH_MESSAGES = 256
@@ -169,9 +170,15 @@ def batchable(msg: list, size: int) -> bool:
     return size <= BATCH_ALONE_BYTES and len(msg) <= BATCH_MESSAGE_FRAMES
 
 
-def pack(messages: Sequence[list]) -> list[list]:
+def batch_bytes(max_message: int) -> int:
+    """The byte budget of one batch for a peer accepting frames up to max_message bytes."""
+    return max(1, min(BATCH_BYTES, max_message // 2))
+
+
+def pack(messages: Sequence[list], max_message: int = 4 << 30) -> list[list]:
     """Group messages to one peer into as few sends as the batch limits allow, in order.
     Each element is a list of frames ready to send: a single message or a BATCH."""
+    limit = batch_bytes(max_message)
     out: list[list] = []
     group: list[list] = []
     nbytes = 0
@@ -187,7 +194,7 @@ def pack(messages: Sequence[list]) -> list[list]:
             group, nbytes = [], 0
             out.append(msg)
             continue
-        if group and (len(group) >= BATCH_MESSAGES or nbytes + size > BATCH_BYTES):
+        if group and (len(group) >= BATCH_MESSAGES or nbytes + size > limit):
             close_group()
             group, nbytes = [], 0
         group.append(msg)

@@ -31,7 +31,7 @@ from worker.dedupe import DedupeCache
 from worker.errors import ActorExit, DivergenceError, ProtocolError
 from worker.fencing import EpochFence
 from worker.security import load_credentials, stop_authenticator
-from worker.transport import Inbox, Outbox, valid_address
+from worker.transport import Inbox, Outbox, max_message_bytes, valid_address
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
@@ -75,6 +75,7 @@ class ProcRuntime:
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
         self._reading = False
         self._rt_checked = ""  # the last reply address found valid
+        self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = asyncio.new_event_loop()
         self.stopping = False
         self.dropped = 0
@@ -429,7 +430,7 @@ class ProcRuntime:
             return
         out, self._out = self._out, {}
         for rt, msgs in out.items():
-            for frames in wire.pack(msgs):
+            for frames in wire.pack(msgs, self._max_message):
                 self._transmit(rt, frames)
 
     def _transmit(self, rt: str, msg: list) -> None:

@@ -82,6 +82,7 @@ class Peer:
         self.queued_since = 0.0
         self._alive: Callable[[], bool] | None = None
         self._dirty = dirty  # the owner's set of peers with something queued
+        self._batch_bytes = wire.batch_bytes(max_message_bytes())
         self.sock = ctx.socket(zmq.PUSH)
         secure_client(self.sock, creds)
         self.sock.sndhwm = HWM
@@ -131,6 +132,8 @@ class Peer:
                     self._flush_locked(True)
                 self._send_locked(msg, alive)
                 return
+            if self._queued and self._queued_bytes + size > self._batch_bytes:
+                self._flush_locked(True)
             now = time.monotonic()
             if not self._queued:
                 self.queued_since = now
@@ -140,7 +143,7 @@ class Peer:
             self._queued_bytes += size
             self._alive = alive
             if (len(self._queued) >= wire.BATCH_MESSAGES
-                    or self._queued_bytes >= wire.BATCH_BYTES
+                    or self._queued_bytes >= self._batch_bytes
                     or now - self.queued_since >= BATCH_MAX_AGE_S):
                 self._flush_locked(True)
 

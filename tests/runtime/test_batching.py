@@ -241,3 +241,11 @@ def test_a_broadcast_then_sleep_is_delivered_without_any_later_call(tmp_path: Pa
         time.sleep(1.0)
         mesh.note.broadcast("second")
         assert wait_until(lambda: seen("second"), timeout=10)
+
+
+def test_a_batch_stays_within_a_lower_message_cap():
+    msgs = [wire.encode(Kind.PING, {"n": i}, [b"x" * 1000]) for i in range(200)]
+    for frames in wire.pack(msgs, max_message=64 * 1024):
+        assert all(len(f) <= 64 * 1024 for f in frames)
+    assert sum(len(wire.split_batch(*wire.decode(f)[1:])) if wire.decode(f)[0] is Kind.BATCH else 1
+               for f in wire.pack(msgs, max_message=64 * 1024)) == 200
