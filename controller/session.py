@@ -60,6 +60,10 @@ from worker.transport import PeerGone
 log = structlog.get_logger("regent.session")
 
 DEFAULT_LEASE_TTL_S = 2.0
+# How long a journal record nobody waits for may wait for company (group commit). Records a
+# program must see durable first are written at once; the rest (call records, plain results)
+# lose nothing by waiting: a takeover sends an unjournaled call again and the worker dedupes it.
+JOURNAL_LINGER_S = 0.01
 
 
 class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
@@ -135,7 +139,7 @@ class Session:
             self._replay = None
             self.run_id = secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
-        self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead)
+        self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead, max_delay_s=JOURNAL_LINGER_S)
         self._no_journal = isinstance(self.writer, NoWriter)
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
