@@ -605,8 +605,9 @@ class Session:
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
-        # base is changed below (pt, metas) but a resend sets those again for its point.
         call.wire = Wire(wire_kind, base, frames, metas, procs, time.monotonic(), RESEND_FIRST_S)
+        # Several points share one packing of the metadata; one point (call_one) packs it once anyway.
+        points = wire.PointMessages(wire_kind, base, frames) if not metas and len(ranks) > 1 else None
         for r in ranks:
             res = jc.results.get(r) if jc is not None else None
             if res is not None and "big" not in res:
@@ -618,10 +619,13 @@ class Session:
             if r in unavailable:
                 self.runtime.deliver_local(call, r, Outcome("dead", {"em": unavailable[r], "pt": r}, []))
                 continue
-            base["pt"] = r
-            if metas:
-                base.update(metas[r])
-            self._send(call, procs[r], r, wire.encode(wire_kind, base, frames))
+            if points is not None:
+                msg = points.encode(r)
+            elif metas:
+                msg = wire.encode(wire_kind, {**base, "pt": r, **metas[r]}, frames)
+            else:
+                msg = wire.encode(wire_kind, {**base, "pt": r}, frames)
+            self._send(call, procs[r], r, msg)
         return call
 
     def _send(self, call: PendingCall, proc: ProcRef, rank: int, msg: list) -> None:

@@ -77,6 +77,25 @@ def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
     return [_HEADER.pack(MAGIC, VERSION, kind, len(body)) + body, *payload]
 
 
+class PointMessages:
+    """The messages of one call to several points of a mesh: the shared metadata is packed
+    once, and each point's message adds its own "pt" (a msgpack map has no key order)."""
+
+    def __init__(self, kind: Kind, base: dict, payload: Sequence[Any]):
+        if "pt" in base or len(base) >= 15:
+            raise ValueError("PointMessages needs metadata of under 15 keys, without 'pt'")
+        packed = _packer().pack(base)  # a fixmap: one header byte holding the key count
+        self._prefix = bytes((0x80 | (len(base) + 1),)) + packed[1:] + b"\xa2pt"
+        self._kind = kind
+        self._payload = payload
+
+    def encode(self, point: int) -> list:
+        body = self._prefix + _packer().pack(point)
+        if len(body) > MAX_META_BYTES:
+            raise ProtocolError(f"message metadata is {len(body)} bytes, above {MAX_META_BYTES}")
+        return [_HEADER.pack(MAGIC, VERSION, self._kind, len(body)) + body, *self._payload]
+
+
 def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
     """Parse and validate one message; raises ProtocolError naming the defect."""
     if not frames:

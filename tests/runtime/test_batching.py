@@ -249,3 +249,11 @@ def test_a_batch_stays_within_a_lower_message_cap():
         assert all(len(f) <= 64 * 1024 for f in frames)
     assert sum(len(wire.split_batch(*wire.decode(f)[1:])) if wire.decode(f)[0] is Kind.BATCH else 1
                for f in wire.pack(msgs, max_message=64 * 1024)) == 200
+
+
+def test_point_messages_decode_as_the_shared_metadata_plus_each_point():
+    base = {"sid": "s.1", "e": 3, "s": 12, "a": "log", "m": "add", "d": b"\x01" * 16, "rt": "tcp://127.0.0.1:1"}
+    points = wire.PointMessages(Kind.CALL, base, (b"payload",))
+    for rank in (0, 5, 127, 128, 70_000):
+        kind, meta, payload = wire.decode(points.encode(rank))
+        assert (kind, meta, [bytes(f) for f in payload]) == (Kind.CALL, {**base, "pt": rank}, [b"payload"])
