@@ -3,8 +3,8 @@
 The proc's single thread runs an asyncio loop fed by its authenticated inbox. Each
 actor has a mailbox and handles one message at a time; sync endpoints run inline
 (no thread hand-off on the call path), async ones as tasks. Every call passes the
-epoch fence and the dedupe cache before it can run. Replies are collected per return
-address and sent as one batch once the inbox is drained (or a task finished).
+epoch fence and the dedupe cache before it can run. The replies to one incoming message
+(often a batch) are collected per return address and sent as one batch.
 """
 
 from __future__ import annotations
@@ -135,6 +135,9 @@ class ProcRuntime:
                 except zmq.Again:
                     break
                 self._handle(frames)
+                # A batch in, a batch out: under a steady stream of calls the inbox is never
+                # empty, and replies held until it is would all arrive at the very end.
+                self._flush_out()
         finally:
             self._reading = False
             self._flush_out()
