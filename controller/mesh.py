@@ -178,8 +178,7 @@ class ActorMesh:
             raise AttributeError(
                 f"{self._class.__name__} has no endpoint {name!r} (endpoints: {sorted(self._endpoints)})"
             )
-        ep = self.__dict__[name] = Endpoint(self, name)  # found directly from now on
-        return ep
+        return Endpoint(self, name)
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._name!r}, {self._class.__name__}, {self.dims})"

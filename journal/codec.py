@@ -7,7 +7,6 @@ group commit cheap. Pure functions only; nothing here does IO or ever unpickles.
 
 from __future__ import annotations
 
-import threading
 import zlib
 from typing import Any
 
@@ -28,15 +27,6 @@ MAX_RECORD_BYTES = 1 << 20
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _crc32 = zlib.crc32
-_local = threading.local()  # one reusable Packer per thread: packb builds one per call
-
-
-def _packer() -> msgpack.Packer:
-    try:
-        return _local.packer
-    except AttributeError:
-        _local.packer = msgpack.Packer(use_bin_type=True)
-        return _local.packer
 
 
 def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: float) -> bytes:
@@ -45,11 +35,9 @@ def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: flo
         raise TypeError(f"record kind must be a str, got {type(kind).__name__} for lsn {lsn}")
     if not isinstance(data, dict):
         raise TypeError(f"record data must be a dict, got {type(data).__name__} for lsn {lsn}")
-    pack = _packer().pack
     try:
-        body = pack([lsn, epoch, kind, data, ts])
+        body = _packb([lsn, epoch, kind, data, ts], use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        _packer().reset()  # a failed pack may leave part of the value in the buffer
         raise TypeError(
             f"record {kind!r} (lsn {lsn}) holds a value msgpack cannot encode: {exc}; "
             "journal data may only contain str, int, float, bool, None, bytes, lists and "
@@ -61,7 +49,7 @@ def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: flo
             f"{MAX_RECORD_BYTES} bytes per record. Keep large values out of the journal "
             "(journal their digest and size and keep the bytes with the worker)."
         )
-    return pack((body, _crc32(body)))
+    return _packb((body, _crc32(body)), use_bin_type=True)
 
 
 def encode_batch(frames: list[bytes]) -> bytes:
