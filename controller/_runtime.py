@@ -381,7 +381,8 @@ class Runtime:
         if self.durable_through is not None:
             through = min(through, self.durable_through())
         mark = (through, self.checkpoint_seq)
-        if mark != self._sent_watermark:
+        # A deposed controller releases nothing: what it journaled is the new leader's to judge.
+        if mark != self._sent_watermark and self.fenced is None:
             self._sent_watermark = mark
             msg = wire.encode(Kind.WATERMARK, {"sid": self.session, "e": self.epoch, "dw": mark[0], "cw": mark[1]})
             for proc in list(self.procs.values()):

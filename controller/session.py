@@ -60,6 +60,7 @@ from worker.transport import PeerGone
 
 # How long a new leader waits for a restarted host agent to finish adopting its procs.
 ADOPTION_WAIT_S = 8.0
+NEVER_DURABLE = 1 << 62  # the lsn of a result that could not be journaled
 
 log = structlog.get_logger("regent.session")
 
@@ -307,6 +308,9 @@ class Session:
                 self.writer.wait_durable(lsn, timeout=30)
         except Exception as e:  # deposed or journal down: the program hears it on its next call
             log.warning("could not journal a result", seq=call.seq, error=str(e))
+            # Never durable: the watermark must stay below it, or workers would release a
+            # result that a standby can find neither in the journal nor on the worker.
+            self._marks.append((call.seq, NEVER_DURABLE))
             return
         self._marks.append((call.seq, lsn))
 
