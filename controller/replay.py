@@ -87,6 +87,8 @@ class ReplayIndex:
         self.calls: dict[int, JournaledCall] = {}
         self.obs: dict[tuple[int, str, int], Any] = {}
         self.supervision: list[dict] = []
+        self.replaced: dict[str, str] = {}  # proc id -> the id of the proc that replaced it
+        self.incarnations: dict[tuple[str, int], int] = {}  # (mesh, rank) -> last restart's incarnation
         self.records = 0
         self.epochs: list[int] = []
         self.last_lsn = -1
@@ -122,6 +124,13 @@ class ReplayIndex:
                 call.procs = d["procs"]
         elif kind == SUPERVISION:
             self.supervision.append(d)
+            if d.get("ev") == "proc_replaced" and isinstance(d.get("old"), str) and isinstance(d.get("new"), str):
+                self.replaced[d["old"]] = d["new"]
+            elif d.get("ev") == "restart":
+                for r, inc in zip(d.get("ranks") or [], d.get("incarnation") or [], strict=False):
+                    if isinstance(r, int) and isinstance(inc, int):
+                        key = (d.get("mesh"), r)
+                        self.incarnations[key] = max(self.incarnations.get(key, 0), inc)
         elif kind == END:
             self.ended = True
 

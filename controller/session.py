@@ -516,7 +516,7 @@ class Session:
         """A journaled proc that a previous leader replaced (its `proc_replaced` events), if
         the replacement is alive: calls go on there, where results and rebuilt actors are.
         Taking the listed proc for dead instead would restart it a second time."""
-        replaced = {e.get("old"): e.get("new") for e in self._replay.supervision if e.get("ev") == "proc_replaced"}
+        replaced = self._replay.replaced
         latest, seen = listed["id"], set()
         while latest in replaced and latest not in seen:
             seen.add(latest)
@@ -552,11 +552,7 @@ class Session:
         mesh_sup = MeshSupervisor(name, len(procs), policy) if policy else None
         if mesh_sup is not None and self._replay is not None:
             # Incarnations go on from where the previous leaders' restarts left them.
-            for e in self._replay.supervision:
-                if e.get("ev") == "restart" and e.get("mesh") == name:
-                    for r, inc in zip(e.get("ranks") or [], e.get("incarnation") or [], strict=False):
-                        if isinstance(r, int) and isinstance(inc, int):
-                            mesh_sup.incarnation[r] = max(mesh_sup.incarnation.get(r, 0), inc)
+            mesh_sup.incarnation.update({r: inc for (m, r), inc in self._replay.incarnations.items() if m == name})
         self._supervisor.register(MeshState(name, procs, dims, frames, mesh_sup, coords=metas))
         return ActorMesh(self, name, cls, procs, dims)
 
@@ -654,16 +650,23 @@ class Session:
 
     def _get(self, seq: int, fut: Future, timeout: float | None) -> None:
         """Future.get for calls: a timeout the program saw is journaled, and replayed."""
+        self._replay_timeout(seq, "call", timeout)
+        if not self.runtime.wait_for(fut, timeout):
+            self._time_out(seq, "call", timeout)
+
+    def _replay_timeout(self, seq: int, what: str, timeout: float | None) -> None:
+        """Raise the TimeoutError the journal says the program saw next for this seq, if any."""
         n = self._timeouts.get(seq, 0)
-        key = (seq, "timeout", n)
-        if self._replay is not None and key in self._replay.obs:
+        if self._replay is not None and (seq, "timeout", n) in self._replay.obs:
             self._timeouts[seq] = n + 1
-            raise TimeoutError(f"call seq {seq} not complete after {timeout} s (replayed)")
-        if self.runtime.wait_for(fut, timeout):
-            return
+            raise TimeoutError(f"{what} seq {seq} not complete after {timeout} s (replayed)")
+
+    def _time_out(self, seq: int, what: str, timeout: float | None) -> None:
+        """A deadline passed: journal it durably (it may differ in another run), then raise."""
+        n = self._timeouts.get(seq, 0)
         self._timeouts[seq] = n + 1
         self._submit(OBS, {"s": seq, "w": "timeout", "i": n, "v": timeout}, durable=True)
-        raise TimeoutError(f"call seq {seq} not complete after {timeout} s")
+        raise TimeoutError(f"{what} seq {seq} not complete after {timeout} s")
 
     def _decode(self, call: PendingCall, outcome: Outcome) -> Any:
         st = outcome.status
@@ -709,28 +712,17 @@ class Session:
                 while rank not in buffered:
                     buffered[sink.queue.get()[1]] = None
             else:
-                n = self._timeouts.get(call.seq, 0)
-                if self._replay is not None and (call.seq, "timeout", n) in self._replay.obs:
-                    self._timeouts[call.seq] = n + 1
-                    raise TimeoutError(f"stream seq {call.seq} not complete after {timeout} s (replayed)")
+                self._replay_timeout(call.seq, "stream", timeout)
                 if not buffered:
-                    buffered[self._next_streamed(call.seq, sink, deadline, timeout)] = None
+                    try:
+                        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                        buffered[sink.queue.get(timeout=wait)[1]] = None
+                    except queue.Empty:
+                        self._time_out(call.seq, "stream", timeout)
                 rank = next(iter(buffered))
                 self._submit(OBS, {"s": call.seq, "w": "stream", "i": i, "v": rank}, durable=True)
             del buffered[rank]
             yield point_of(sink.view.dims, index[rank]), self._decode(call, call.results[rank])
-
-
-    def _next_streamed(self, seq: int, sink: StreamSink, deadline: float | None, timeout: float | None) -> int:
-        """The rank of the next arrival; TimeoutError (journaled first) once the deadline passed."""
-        try:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return sink.queue.get(timeout=wait)[1]
-        except queue.Empty:
-            n = self._timeouts.get(seq, 0)
-            self._timeouts[seq] = n + 1
-            self._submit(OBS, {"s": seq, "w": "timeout", "i": n, "v": timeout}, durable=True)
-            raise TimeoutError(f"stream seq {seq} not complete after {timeout} s") from None
 
 
 def _outcome_of(res: dict) -> Outcome:

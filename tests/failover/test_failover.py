@@ -117,39 +117,35 @@ def test_a_paused_primary_is_deposed_and_its_late_writes_are_refused(cluster_fac
     check_exactly_once(result, steps)
 
 
-def test_a_graceful_exit_hands_over_to_the_standby_at_once(cluster_factory):
-    steps = 200
-    c = cluster_factory("handoff", steps=steps, ttl=10.0)
+def _takeover(cluster_factory, tag: str, sig: int, steps: int = 200) -> tuple:
+    """Primary + standby with a 10 s lease; signal the primary at step 20. Returns the
+    cluster, both pids and seconds from the signal to the standby leading."""
+    c = cluster_factory(tag, steps=steps, ttl=10.0)
     c.start()
     c.start()
     first = c.wait_leader(1)
     c.wait_step(first, 20)
     t0 = time.monotonic()
-    os.kill(first, signal.SIGTERM)
-    second = c.wait_leader(2, timeout=5.0)
-    took = time.monotonic() - t0
+    os.kill(first, sig)
+    second = c.wait_leader(2, timeout=20.0)
+    return c, first, second, time.monotonic() - t0
+
+
+def test_a_graceful_exit_hands_over_to_the_standby_at_once(cluster_factory):
+    c, first, second, took = _takeover(cluster_factory, "handoff", signal.SIGTERM)
     # With a 10 s lease, anything well under it proves the lease was released, not expired.
     assert took < 3.0, f"hand-over took {took:.2f} s"
     assert c.by_pid(first).wait(timeout=10) == 0
-    check_exactly_once(c.finish(c.by_pid(second)), steps)
+    check_exactly_once(c.finish(c.by_pid(second)), 200)
 
 
 def test_a_killed_primary_is_replaced_long_before_its_lease_runs_out(cluster_factory):
     """The standby sees the dead primary's beacon close and refuse connections, and evicts it."""
-    steps = 200
-    c = cluster_factory("beacon", steps=steps, ttl=10.0)
-    c.start()
-    c.start()
-    first = c.wait_leader(1)
-    c.wait_step(first, 20)
-    t0 = time.monotonic()
-    os.kill(first, signal.SIGKILL)
-    second = c.wait_leader(2, timeout=20.0)
-    took = time.monotonic() - t0
+    c, _, second, took = _takeover(cluster_factory, "beacon", signal.SIGKILL)
     # With a 10 s lease, anything well under it proves the standby did not wait for it.
     assert took < 3.0, f"take-over took {took:.2f} s"
     assert "evicted a dead leader" in c.log_of(second).read_text()
-    check_exactly_once(c.finish(c.by_pid(second)), steps)
+    check_exactly_once(c.finish(c.by_pid(second)), 200)
 
 
 def test_a_program_changed_at_seq_k_fails_replay_naming_k(cluster_factory):
