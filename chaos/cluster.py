@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -27,10 +28,11 @@ from typing import Any
 
 import structlog
 
+from chaos import faults as process_faults
 from chaos.faults import FaultLog
 from chaos.links import ENV_TOXIPROXY, proxy_name
 from chaos.net import ChaosNet
-from chaos.toxiproxy import Proxy, ToxiproxyServer
+from chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer
 
 __all__ = ["ChaosCluster", "Controller", "RoleNet", "WORKLOAD"]
 
@@ -306,11 +308,19 @@ class ChaosCluster:
         for c in self.controllers:
             if c.popen.poll() is None:
                 try:
-                    os.kill(c.pid, 18)  # SIGCONT: a paused controller cannot die otherwise
+                    os.kill(c.pid, signal.SIGCONT)  # a paused controller cannot die otherwise
                 except OSError:
                     pass
                 c.popen.kill()
                 c.popen.wait()
+        # The host agent and procs outlive the controllers; one left stopped would block
+        # Toxiproxy calls on its links (and the next test's calls to it).
+        for pid in [_host_pid_or_none(), *(_proc_pid(self.session, i) for i in range(self.n_procs))]:
+            if pid is not None and process_faults.process_state(pid) in ("T", "t"):
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
         self.net.close()
 
     def log_tail(self, n: int = 30) -> str:
@@ -369,12 +379,24 @@ class ChaosCluster:
         return None
 
     def _existing(self, links) -> str | None:
-        names = set(self.server.client.proxies())
-        return next((proxy_name(link) for link in links if proxy_name(link) in names), None)
+        # One proxy at a time, not GET /proxies: that waits on every proxy's toxics, so a
+        # single link stuck behind a stopped peer would stall every lookup.
+        for link in links:
+            try:
+                return self.server.client.proxy(proxy_name(link)).name
+            except ToxiproxyError as e:
+                if e.status != 404:
+                    raise
+        return None
 
     def delete_worker_proxies(self) -> None:
         """Worker links are created by the controllers; this run's are deleted at its end."""
-        for name, proxy in self.server.client.proxies().items():
+        try:
+            proxies = self.server.client.proxies()
+        except ToxiproxyError as exc:  # cleanup must not hide the run's verdict
+            log.warning("worker links not deleted", session=self.session, error=str(exc))
+            return
+        for name, proxy in proxies.items():
             if name.startswith(("controller-_proc_", "proc-_controller_", "controller-_host_")):
                 try:
                     proxy.delete()

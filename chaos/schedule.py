@@ -378,6 +378,65 @@ class _Active:
     undo: Callable[[], None]
 
 
+class _LinkWorker:
+    """Applies link faults in order, in a thread of their own.
+
+    A Toxiproxy API call can block for as long as a process at either end of the link
+    is SIGSTOPped (removing a toxic waits for the toxic's goroutine, which waits to
+    write to a peer that does not read). Process faults therefore never queue behind
+    link calls: the SIGCONT that unblocks a stuck call always goes out on time.
+    """
+
+    def __init__(self, name: str, on_error: Callable[[int, Fault, str, Exception], None]) -> None:
+        self._on_error = on_error
+        self._jobs: list[tuple[int, Fault, str, Callable[[], None]] | None] = []
+        self._cond = threading.Condition()
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name=f"chaos-links:{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, index: int, fault: Fault, phase: str, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._jobs.append((index, fault, phase, job))
+            self._cond.notify_all()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._jobs and not self._busy
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until every submitted job has run; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout_s)
+
+    def close(self, timeout_s: float) -> bool:
+        """Run what is queued, then end the thread; False if it is still stuck after ``timeout_s``."""
+        with self._cond:
+            self._jobs.append(None)
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._jobs))
+                item = self._jobs.pop(0)
+                if item is None:
+                    self._cond.notify_all()
+                    return
+                self._busy = True
+            index, fault, phase, job = item
+            try:
+                job()
+            except Exception as exc:
+                self._on_error(index, fault, phase, exc)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
 class ScheduleRunner:
     """Plays a Schedule in a background thread it owns; ``stop()`` undoes what is still active.
 
@@ -415,6 +474,7 @@ class ScheduleRunner:
         self._t0 = 0.0
         self._down_count: dict[str, int] = {}
         self._pause_count: dict[int, int] = {}
+        self._links: _LinkWorker | None = None
 
     def __enter__(self) -> ScheduleRunner:
         return self.start()
@@ -434,6 +494,7 @@ class ScheduleRunner:
         if self._thread is not None:
             raise RuntimeError("ScheduleRunner.start() called twice; create a new runner")
         self._t0 = time.monotonic()
+        self._links = _LinkWorker(self.schedule.name or "unnamed", self._error)
         self._thread = threading.Thread(
             target=self._run, name=f"chaos-schedule:{self.schedule.name or 'unnamed'}", daemon=True
         )
@@ -450,15 +511,27 @@ class ScheduleRunner:
         """Wait until every fault has fired and every timed fault has ended."""
         return self._all_done.wait(timeout_s)
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop firing faults, undo the active ones, and join the thread."""
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop firing faults, undo the active ones, and join the threads.
+
+        Paused processes are resumed first, then links are restored. A link call still
+        stuck after ``timeout_s`` (a peer stopped by something other than this schedule)
+        is recorded in ``errors`` rather than raised, so the run can still be checked.
+        """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                raise RuntimeError(f"ScheduleRunner thread did not stop within {timeout_s}s")
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise RuntimeError(f"ScheduleRunner thread did not stop within {timeout_s}s")
+        assert self._links is not None
+        if not self._links.close(max(0.0, deadline - time.monotonic())):
+            message = f"link faults were still being undone {timeout_s}s after stop(); Toxiproxy is stuck"
+            self.errors.append(message)
+            log.warning("link undo stuck", schedule=self.schedule.name, timeout_s=timeout_s)
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -492,8 +565,13 @@ class ScheduleRunner:
                     self._undo(item)
                 deadlines = [f.at_s for _, f in pending if f.at_s is not None]
                 deadlines += [a.ends_at for a in active if a.ends_at is not None]
-                if not pending and not deadlines:
-                    self._all_done.set()
+                if not pending and not deadlines and not self._all_done.is_set():
+                    assert self._links is not None
+                    # Done means applied: nothing is paused now, so link calls cannot stay stuck.
+                    if self._links.drain(timeout_s=0.05):
+                        self._all_done.set()
+                    else:
+                        deadlines.append(self._now() + 0.05)
                 with self._cond:
                     if self._stopping:
                         break
@@ -502,8 +580,13 @@ class ScheduleRunner:
                     timeout = max(0.0, min(deadlines) - self._now()) if deadlines else None
                     self._cond.wait(timeout)
         finally:
+            # Resume processes before restoring links: a stopped peer can block link calls.
             for item in reversed(active):
-                self._undo(item)
+                if item.fault.kind in PROCESS_KINDS:
+                    self._undo(item)
+            for item in reversed(active):
+                if item.fault.kind not in PROCESS_KINDS:
+                    self._undo(item)
             self._all_done.set()
 
     def _note(self, index: int) -> dict[str, Any]:
@@ -527,33 +610,54 @@ class ScheduleRunner:
             return None
 
     def _apply_toxic(self, index: int, fault: Fault) -> Callable[[], None]:
-        assert self.net is not None
-        net, name = self.net, f"chaos{index}_{fault.kind}_{fault.stream}"
-        net.add_toxic(
-            fault.target,
-            fault.kind,
-            fault.stream,
-            fault.toxicity,
-            toxic_name=name,
-            note=self._note(index),
-            **fault.attributes,
-        )
-        return lambda: net.remove_toxic(fault.target, name, note=self._note(index))
+        assert self.net is not None and self._links is not None
+        net, links, name = self.net, self._links, f"chaos{index}_{fault.kind}_{fault.stream}"
+        added = False
+
+        def add() -> None:
+            nonlocal added
+            net.add_toxic(
+                fault.target,
+                fault.kind,
+                fault.stream,
+                fault.toxicity,
+                toxic_name=name,
+                note=self._note(index),
+                **fault.attributes,
+            )
+            added = True
+
+        def remove() -> None:
+            if added:  # a toxic that could not be added has nothing to remove
+                net.remove_toxic(fault.target, name, note=self._note(index))
+
+        links.submit(index, fault, "apply", add)
+        return lambda: links.submit(index, fault, "undo", remove)
 
     def _apply_down(self, index: int, fault: Fault) -> Callable[[], None]:
-        assert self.net is not None
-        net, link = self.net, fault.target
-        # Overlapping partitions of one link: it comes back up when the last one ends.
-        if self._down_count.get(link, 0) == 0:
-            net.partition(link, note=self._note(index))
-        self._down_count[link] = self._down_count.get(link, 0) + 1
+        assert self.net is not None and self._links is not None
+        net, links, link = self.net, self._links, fault.target
 
-        def undo() -> None:
+        # Overlapping partitions of one link: it comes back up when the last one ends.
+        # The count lives in the link thread, which runs these jobs in order.
+        applied = False
+
+        def down() -> None:
+            nonlocal applied
+            if self._down_count.get(link, 0) == 0:
+                net.partition(link, note=self._note(index))
+            self._down_count[link] = self._down_count.get(link, 0) + 1
+            applied = True
+
+        def up() -> None:
+            if not applied:  # a partition that could not be applied has nothing to heal
+                return
             self._down_count[link] -= 1
             if self._down_count[link] == 0:
                 net.heal(link, note=self._note(index))
 
-        return undo
+        links.submit(index, fault, "apply", down)
+        return lambda: links.submit(index, fault, "undo", up)
 
     def _apply_pause(self, index: int, fault: Fault, pid: int) -> Callable[[], None]:
         if self._pause_count.get(pid, 0) == 0:

@@ -102,7 +102,7 @@ class Toxic:
 class ToxiproxyClient:
     """The HTTP API of one Toxiproxy server, e.g. ``ToxiproxyClient("http://127.0.0.1:8474")``."""
 
-    def __init__(self, url: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 15.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         # An empty ProxyHandler: never route chaos control traffic via http_proxy.

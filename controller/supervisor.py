@@ -149,6 +149,8 @@ class Supervisor:
                 failed_again = (r, str(e))
                 break
         if failed_again is not None:
+            log.warning("restart failed; the supervisor will try again under its policy",
+                        mesh=mesh, rank=failed_again[0], error=failed_again[1])
             self.failed(mesh, failed_again[0], failed_again[1], abnormal=True)
             return
         self._event("restart", mesh=mesh, ranks=list(decision.ranks),

@@ -498,6 +498,17 @@ class HostAgent:
                         why = (f"proc {dead[0].id} exited with status {dead[0].status_text()} while starting"
                                if dead else f"procs did not start within {PROC_START_TIMEOUT_S:.0f} s")
                         self._answer_spawn(req, "err", why + " (see the host agent's log)")
+                        self._forget_failed_respawn(state, req)
+
+    @staticmethod
+    def _forget_failed_respawn(state: _SessionState, req: _SpawnRequest) -> None:
+        """A replacement that died while starting was never used by anyone: the next request to
+        replace the same proc (the supervisor retrying, or a new leader) starts a fresh one
+        rather than being answered with this failure for ever."""
+        if req.seq == -1:
+            for old, r in list(state.respawns.items()):
+                if r is req:
+                    del state.respawns[old]
 
     def _reap(self, pidfd: int) -> None:
         sid, proc = self.by_pidfd[pidfd]

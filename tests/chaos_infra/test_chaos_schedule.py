@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from chaos import (
     LINK_KINDS,
     ChaosNet,
     Fault,
+    FaultLog,
     Schedule,
     ScheduleError,
     ScheduleRunner,
@@ -331,6 +333,42 @@ def test_a_fault_that_fails_is_recorded_and_the_run_goes_on(
         assert runner.wait(5)
     assert len(runner.errors) == 1 and "no such process" in runner.errors[0]
     assert [e.kind for e in runner.events()] == ["error", "toxic_add", "toxic_remove"]
+
+
+class _StuckNet:
+    """A ChaosNet stand-in whose toxic removal blocks until released, as Toxiproxy's does
+    while the peer of a poisoned link is stopped and its socket buffers are full."""
+
+    def __init__(self) -> None:
+        self.faults = FaultLog()
+        self.release = threading.Event()
+        self.removed = threading.Event()
+
+    def __iter__(self):
+        return iter(["client->echo"])
+
+    def add_toxic(self, name: str, kind: str, stream: str, toxicity: float, **_: object) -> None:
+        pass
+
+    def remove_toxic(self, name: str, toxic_name: str, **_: object) -> None:
+        self.release.wait(10)
+        self.removed.set()
+
+
+def test_a_stuck_link_call_does_not_hold_back_a_process_resume(sleepers: dict[str, subprocess.Popen]) -> None:
+    net, pid = _StuckNet(), sleepers["controller"].pid
+    schedule = Schedule((
+        Fault("latency", "client->echo", at_s=0.0, duration_s=0.05, attributes={"latency": 10}),
+        Fault("pause", "controller", at_s=0.0, duration_s=0.3),
+    ))
+    with ScheduleRunner(schedule, net, {"controller": pid}) as runner:  # type: ignore[arg-type]
+        assert wait_for(lambda: process_state(pid) == "T")
+        # The toxic's removal is stuck behind the paused peer; the resume goes out regardless.
+        assert wait_for(lambda: process_state(pid) in ("S", "R", "D"), 2.0)
+        assert not net.removed.is_set() and not runner.wait(0.1)
+        net.release.set()
+        assert runner.wait(5) and net.removed.is_set()
+    assert runner.errors == []
 
 
 def test_runner_rejects_targets_it_does_not_know(net: ChaosNet) -> None:

@@ -220,6 +220,39 @@ def test_a_replayed_spawn_gets_the_procs_the_dead_agent_started(home):
         peer.close()
 
 
+def test_a_replacement_that_dies_while_starting_is_started_afresh_when_asked_again(home, tmp_path):
+    """The supervisor (or a new leader) asks again for a proc whose replacement died before
+    it was ready: it gets a new process, not that failure for ever."""
+    sid = f"agent-respawn-retry-{os.getpid()}"
+    crash = tmp_path / "crash-once"
+    crash.write_text("")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        f"if os.path.exists({str(crash)!r}):\n"
+        f"    os.unlink({str(crash)!r})\n"
+        "    os._exit(3)\n")
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        fields = {"old": "gone-0", "idx": 0, "env": {}, "path": [str(site)]}
+        n = 1
+        peer.send(host, wire.encode(Kind.HOST_REQ, {"sid": sid, "e": 1, "op": "respawn_proc", "n": n,
+                                                     "rt": peer.address, **fields}))
+        while (got := peer.recv(20))[0] is not Kind.HOST_REP:
+            assert got[0] is Kind.HOST_EVENT and got[1]["ev"] == "proc_died", got
+        reply = got[1]
+        assert reply["st"] == "err", reply
+        assert "exited with status 3 while starting" in reply["em"]
+        again = _ask(peer, host, sid, "respawn_proc", **fields)["procs"]
+        assert len(again) == 1 and _running(again[0]["pid"])
+        assert _ask(peer, host, sid, "respawn_proc", **fields)["procs"] == again  # now deduped
+        _ask(peer, host, sid, "stop_session")
+    finally:
+        peer.close()
+
+
 def test_a_restarted_agent_reports_deaths_it_saw_before_any_controller_said_hello(home):
     sid = f"agent-restart-hello-{os.getpid()}"
     host = ensure_local_host()
