@@ -301,10 +301,19 @@ class ChaosCluster:
                 self.runner.note_calls(n - self._steps_seen)
             self._steps_seen = n
 
-    def stop(self) -> None:
+    def stop(self, exit_wait_s: float = 30.0) -> None:
+        """Stop the run. The controller that printed the result is still closing its session
+        (settling broadcasts it never waited for, flushing the journal): it is given
+        `exit_wait_s` to exit on its own before anything is killed."""
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=5)
+        if self.winner is not None:
+            try:
+                self.winner.popen.wait(exit_wait_s)
+            except subprocess.TimeoutExpired:
+                log.warning("the controller that finished the run did not exit; killing it",
+                            session=self.session, pid=self.winner.pid, waited_s=exit_wait_s)
         for c in self.controllers:
             if c.popen.poll() is None:
                 try:
