@@ -612,10 +612,10 @@ class ScheduleRunner:
     def _apply_toxic(self, index: int, fault: Fault) -> Callable[[], None]:
         assert self.net is not None and self._links is not None
         net, links, name = self.net, self._links, f"chaos{index}_{fault.kind}_{fault.stream}"
-        added = False
+        added_at: float | None = None
 
         def add() -> None:
-            nonlocal added
+            nonlocal added_at
             net.add_toxic(
                 fault.target,
                 fault.kind,
@@ -625,11 +625,13 @@ class ScheduleRunner:
                 note=self._note(index),
                 **fault.attributes,
             )
-            added = True
+            added_at = self._now()
 
         def remove() -> None:
-            if added:  # a toxic that could not be added has nothing to remove
-                net.remove_toxic(fault.target, name, note=self._note(index))
+            if added_at is None:  # a toxic that could not be added has nothing to remove
+                return
+            self._hold(fault, added_at)
+            net.remove_toxic(fault.target, name, note=self._note(index))
 
         links.submit(index, fault, "apply", add)
         return lambda: links.submit(index, fault, "undo", remove)
@@ -640,24 +642,35 @@ class ScheduleRunner:
 
         # Overlapping partitions of one link: it comes back up when the last one ends.
         # The count lives in the link thread, which runs these jobs in order.
-        applied = False
+        applied_at: float | None = None
 
         def down() -> None:
-            nonlocal applied
+            nonlocal applied_at
             if self._down_count.get(link, 0) == 0:
                 net.partition(link, note=self._note(index))
             self._down_count[link] = self._down_count.get(link, 0) + 1
-            applied = True
+            applied_at = self._now()
 
         def up() -> None:
-            if not applied:  # a partition that could not be applied has nothing to heal
+            if applied_at is None:  # a partition that could not be applied has nothing to heal
                 return
+            self._hold(fault, applied_at)
             self._down_count[link] -= 1
             if self._down_count[link] == 0:
                 net.heal(link, note=self._note(index))
 
         links.submit(index, fault, "apply", down)
         return lambda: links.submit(index, fault, "undo", up)
+
+    def _hold(self, fault: Fault, applied_at: float) -> None:
+        """A link fault applied late (its call queued behind another) still lasts its full
+        duration: the undo waits out the rest (unless the runner is stopping)."""
+        if fault.duration_s is None:
+            return
+        rest = applied_at + fault.duration_s - self._now()
+        if rest > 0:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping, rest)
 
     def _apply_pause(self, index: int, fault: Fault, pid: int) -> Callable[[], None]:
         if self._pause_count.get(pid, 0) == 0:
