@@ -1,8 +1,10 @@
 """The controller's IO edge: sockets, the IO thread, and host agent requests.
 
-The program's thread sends directly on per-peer PUSH sockets (no hand-off on the
-call path); one IO thread owns the inbox, turns replies into core events and
-resolves futures. Nothing here decides what a call means; core.py does.
+The program's thread queues calls on per-peer PUSH sockets (no hand-off on the call
+path) and sends each peer's queue as one batch when the program blocks, a batch
+fills, or (from the IO thread) it has waited BATCH_MAX_AGE_S. One IO thread owns the
+inbox, turns replies into core events and resolves futures. Nothing here decides
+what a call means; core.py does.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from worker import _wire as wire
 from worker._wire import Kind
 from worker.errors import ProtocolError
 from worker.security import load_credentials, stop_authenticator
-from worker.transport import Inbox, Outbox, Peer, PeerGone
+from worker.transport import BATCH_MAX_AGE_S, Inbox, Outbox, Peer, PeerGone
 
 log = structlog.get_logger("regent.controller")
 
@@ -54,6 +56,20 @@ class ProcRef:
 
     def __post_init__(self) -> None:
         self.key = self.key or self.id
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+class Wire:
+    """What the edge keeps of a call to send it again under the same id."""
+
+    __slots__ = ("kind", "base", "frames", "metas", "procs", "sent_at", "wait")
+
+    def __init__(self, kind: Kind, base: dict, frames: Any, metas: list[dict] | None, procs: list[ProcRef],
+                 sent_at: float, wait: float):
+        self.kind, self.base, self.frames, self.metas, self.procs = kind, base, frames, metas, procs
+        self.sent_at, self.wait = sent_at, wait  # when it was last sent; how long until overdue
 
 
 class Runtime:
@@ -98,9 +114,21 @@ class Runtime:
     # --- program-side sends -------------------------------------------------------
 
     def send_to_proc(self, proc: ProcRef, msg: list) -> None:
+        """Send now (after whatever is queued for that proc)."""
         if not proc.alive:
             raise PeerGone(proc.death or f"proc {proc.id} is dead")
-        self.outbox.peer(proc.address).send(msg, alive=lambda: proc.alive)
+        self.outbox.peer(proc.address).send(msg, alive=proc.is_alive)
+
+    def queue_to_proc(self, proc: ProcRef, msg: list) -> None:
+        """Add to the proc's next batch; `flush` (or the IO thread, soon) sends it."""
+        if not proc.alive:
+            raise PeerGone(proc.death or f"proc {proc.id} is dead")
+        self.outbox.peer(proc.address).queue(msg, alive=proc.is_alive)
+
+    def flush(self) -> None:
+        """Send every queued batch: the program calls this before it blocks."""
+        if self.outbox.dirty:
+            self.outbox.flush()
 
     def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
         """A request to a host agent, answered through the inbox."""
@@ -110,6 +138,7 @@ class Runtime:
         meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address,
                 "orphan_s": self.orphan_timeout_s, **fields}
         try:
+            self.flush()
             self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
             if not fut.wait(timeout):
                 raise TimeoutError(f"host agent at {host} did not answer {op!r} within {timeout:.0f} s")
@@ -131,6 +160,7 @@ class Runtime:
         fut: Future = Future()
         self._requests[n] = fut
         try:
+            self.flush()
             self.outbox.peer(address).send(wire.encode(Kind.PING, {"rt": self.reply_address, "n": n}))
             return fut.get(timeout) if fut.wait(timeout) else None
         finally:
@@ -146,21 +176,26 @@ class Runtime:
 
         While a waiter reads the inbox itself, this thread only naps: every thread woken
         per reply costs tens of microseconds of CPU on a VM, more than the work itself.
+        It also sends batches the program queued and then left (a broadcast, then a
+        sleep): nothing waits for a later call to go out.
         """
         fd = self.inbox.sock.getsockopt(zmq.FD)
         next_tick = time.monotonic()
+        dirty = self.outbox.dirty
         while not self._stop.is_set():
             try:
                 if self._wanted:
                     time.sleep(0.002)
                 else:
-                    select.select([fd], [], [], 0.01)
+                    select.select([fd], [], [], 0.002)
                     if self._drive.acquire(blocking=False):
                         try:
                             self._drain()
                         finally:
                             self._drive.release()
                 now = time.monotonic()
+                if dirty:
+                    self.outbox.flush(block=False, older_than=now - BATCH_MAX_AGE_S)
                 if now >= next_tick:
                     next_tick = now + WATERMARK_INTERVAL_S
                     self._tick(now)
@@ -179,6 +214,8 @@ class Runtime:
     def wait_for(self, fut: Future, timeout: float | None) -> bool:
         """Wait for a future, reading the inbox on this thread: the reply is then handled
         where it is awaited, with no hand-off from the IO thread."""
+        if self.outbox.dirty:
+            self.outbox.flush()
         if fut.done():
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -211,9 +248,25 @@ class Runtime:
     def _handle(self, frames: list) -> None:
         try:
             kind, meta, payload = wire.decode(frames)
+            subs = wire.split_batch(meta, payload) if kind is Kind.BATCH else None
         except ProtocolError as e:
             log.warning("dropped malformed message", error=str(e))
             return
+        if subs is None:
+            self._handle_one(kind, meta, payload)
+            return
+        for sub in subs:
+            try:
+                kind, meta, payload = wire.decode_one(sub)
+            except ProtocolError as e:
+                log.warning("dropped malformed message from a batch", error=str(e))
+                continue
+            try:
+                self._handle_one(kind, meta, payload)
+            except Exception:
+                log.exception("a message from a batch failed (handling the rest)")
+
+    def _handle_one(self, kind: Kind, meta: dict, payload: list) -> None:
         if kind is Kind.RESULT:
             fut = self._requests.get(meta.get("n")) if "n" in meta else None
             if fut is not None:  # an answer to a supervisor's request, not a program call
@@ -303,6 +356,7 @@ class Runtime:
         carries our epoch anyway, and a deposed primary's calls are ones this program
         makes again under the same ids, so the fence is a guard, not a gate."""
         waits = []
+        self.flush()
         for proc in procs:
             n = next(self._req_ids)
             fut: Future = Future()
@@ -351,18 +405,19 @@ class Runtime:
             with self.lock:
                 calls = [c for c in self.core.calls.values() if c.wire is not None]
             for call in calls:
-                timer = call.wire[5]
-                if now - timer[0] >= timer[1]:
+                w = call.wire
+                if now - w.sent_at >= w.wait:
                     # Whatever was lost without a visible disconnect is recovered here.
                     overdue.add(call.seq)
-                    timer[0], timer[1] = now, min(timer[1] * 2, RESEND_MAX_S)
+                    w.sent_at, w.wait = now, min(w.wait * 2, RESEND_MAX_S)
         if not peers and not everything and not overdue:
             return
         with self.lock:
             pending = [(c, r) for c in self.core.calls.values() if c.wire is not None
                        for r in c.targets if r not in c.results]
         for call, rank in pending:
-            kind, base, frames, metas, procs, _ = call.wire
+            w = call.wire
+            kind, base, frames, metas, procs = w.kind, w.base, w.frames, w.metas, w.procs
             proc = procs[rank]
             if not proc.alive:
                 continue

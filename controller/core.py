@@ -8,20 +8,27 @@ complete. The session's edge (sockets, threads, journal) feeds it events:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
 class Outcome:
-    """What one point of a call ended with: status, wire metadata and payload frames."""
+    """What one point of a call ended with: status, wire metadata and payload frames.
+    (A plain slotted class: one is made per reply, on the IO thread.)"""
 
-    status: str  # ok | err | fenced | divergence | noactor | dead | journal
-    meta: dict
-    frames: list
+    __slots__ = ("status", "meta", "frames")
+
+    def __init__(self, status: str, meta: dict, frames: Sequence[Any]):
+        self.status = status  # ok | err | fenced | divergence | noactor | dead | journal
+        self.meta = meta
+        self.frames = frames
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.status!r}, {self.meta!r}, <{len(self.frames)} frames>)"
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingCall:
     seq: int
     kind: str
@@ -52,7 +59,8 @@ class ControllerCore:
         return seq
 
     def expect(self, seq: int, kind: str, actor: str, method: str, targets: dict[int, str], sink: Any) -> PendingCall:
-        call = PendingCall(seq, kind, actor, method, dict(targets), sink)
+        """A call the program issued; the core keeps `targets` (the caller hands it over)."""
+        call = PendingCall(seq, kind, actor, method, targets, sink)
         if not targets:
             self.finished(seq)
         else:

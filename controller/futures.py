@@ -20,7 +20,8 @@ _PENDING = object()
 class Future(Generic[T]):
     """The eventual value (or error) of a call."""
 
-    __slots__ = ("_lock", "_value", "_exc", "_callbacks", "_guard", "_on_get", "__weakref__")
+    __slots__ = ("_lock", "_value", "_exc", "_callbacks", "_guard", "_on_get", "_on_wait", "tag",
+                 "__weakref__")
 
     def __init__(self, on_get: Callable[[Future, float | None], None] | None = None) -> None:
         self._lock = _thread.allocate_lock()
@@ -28,8 +29,10 @@ class Future(Generic[T]):
         self._guard = _thread.allocate_lock()
         self._value: Any = _PENDING
         self._exc: BaseException | None = None
-        self._callbacks: list[Callable[[Future], None]] = []
+        self._callbacks: list[Callable[[Future], None]] | None = None
         self._on_get = on_get
+        self._on_wait: Callable[[], None] | None = None  # e.g. send the queued call first
+        self.tag: Any = None  # for on_get: which call this future belongs to
 
     def done(self) -> bool:
         return self._value is not _PENDING or self._exc is not None
@@ -48,14 +51,17 @@ class Future(Generic[T]):
                 self._exc = exc
             else:
                 self._value = value
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks, self._callbacks = self._callbacks, None
         self._lock.release()
-        for cb in callbacks:
-            cb(self)
+        if callbacks:
+            for cb in callbacks:
+                cb(self)
 
     def add_done_callback(self, cb: Callable[[Future], None]) -> None:
         with self._guard:
             if not self.done():
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(cb)
                 return
         cb(self)
@@ -64,6 +70,8 @@ class Future(Generic[T]):
         """Block until done or timeout; True if done. Does not raise the call's error."""
         if self.done():
             return True
+        if self._on_wait is not None:
+            self._on_wait()
         if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
             return False
         self._lock.release()
@@ -84,6 +92,8 @@ class Future(Generic[T]):
 
     def __await__(self):
         if not self.done():
+            if self._on_wait is not None:
+                self._on_wait()
             loop = asyncio.get_running_loop()
             afut = loop.create_future()
 

@@ -178,7 +178,8 @@ class ActorMesh:
             raise AttributeError(
                 f"{self._class.__name__} has no endpoint {name!r} (endpoints: {sorted(self._endpoints)})"
             )
-        return Endpoint(self, name)
+        ep = self.__dict__[name] = Endpoint(self, name)  # found directly from now on
+        return ep
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._name!r}, {self._class.__name__}, {self.dims})"

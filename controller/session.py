@@ -23,13 +23,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from functools import partial
 from typing import Any
 
 import msgpack
 import structlog
 
-from controller._runtime import RESEND_FIRST_S, ProcRef, Runtime
+from controller._runtime import RESEND_FIRST_S, ProcRef, Runtime, Wire
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.ephemeral import NoJournal, NoWriter
 from controller.futures import Future, Point, point_of
@@ -65,6 +64,10 @@ NEVER_DURABLE = 1 << 62  # the lsn of a result that could not be journaled
 log = structlog.get_logger("regent.session")
 
 DEFAULT_LEASE_TTL_S = 2.0
+# How long a journal record nobody waits for may wait for company (group commit). Records a
+# program must see durable first are written at once; the rest (call records, plain results)
+# lose nothing by waiting: a takeover sends an unjournaled call again and the worker dedupes it.
+JOURNAL_LINGER_S = 0.01
 
 
 class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
@@ -140,7 +143,8 @@ class Session:
             self._replay = None
             self.run_id = secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
-        self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead)
+        self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead, max_delay_s=JOURNAL_LINGER_S)
+        self._no_journal = isinstance(self.writer, NoWriter)
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         self.replaying = self._replay is not None and self._replay.max_seq >= 0
@@ -150,6 +154,9 @@ class Session:
         self.runtime = Runtime(self.sid, self.epoch, self.core, links)
         self.runtime.orphan_timeout_s = orphan_timeout_s
         self.runtime.record_result = self._record_result
+        self._get_hook = self._get  # bound once: each call's future shares them
+        self._flush_hook = self.runtime.flush
+        self._decode_hook = self._decode
         self.runtime.durable_through = self._durable_through
         self._supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                       _sys_path())
@@ -226,6 +233,7 @@ class Session:
         before the run ends, so ending it does not cut them off."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.runtime.flush()
             with self.runtime.lock:
                 if not self.core.calls:
                     return
@@ -287,6 +295,11 @@ class Session:
     def _record_result(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """IO thread: journal a point's outcome before the program can see it."""
         if outcome.status == "fenced" or outcome.meta.get("_journaled"):
+            return
+        if self._no_journal:
+            if outcome.status == "exit":
+                self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
+                                        abnormal=not outcome.meta.get("normal"))
             return
         data: dict[str, Any] = {"s": call.seq, "pt": point, "st": outcome.status}
         if outcome.status == "ok":
@@ -387,6 +400,7 @@ class Session:
         # A checkpoint is a barrier: a takeover skips everything before it, so every
         # earlier call must have completed (broadcasts included) and be journaled.
         while True:
+            self.runtime.flush()
             with self.runtime.lock:
                 outstanding = [c for c in self.core.calls if c < seq]
             if not outstanding:
@@ -585,8 +599,7 @@ class Session:
 
     def _call(self, mesh: ActorMesh, method: str, args: tuple, kwargs: dict, kind: str,
               ranks: tuple[int, ...] | None, sink: Any) -> PendingCall:
-        frames = wire.dumps((args, kwargs))
-        digest = wire.call_digest((args, kwargs), frames)
+        frames, digest = wire.dumps_call(args, kwargs)
         return self._issue_call(Kind.CALL, kind, mesh.name, method, frames, digest, mesh._procs, ranks, sink,
                                 choose_from=mesh if ranks is None else None)
 
@@ -602,9 +615,12 @@ class Session:
             else:
                 ranks = (self._choose(choose_from),)
                 self._submit(OBS, {"s": seq, "w": "choose", "i": 0, "v": ranks[0]}, durable=True)
-        sink.decode = self._decode
+        sink.decode = self._decode_hook
         if isinstance(sink, GatherSink):
-            sink.future._on_get = partial(self._get, seq)
+            fut = sink.future
+            fut.tag = seq
+            fut._on_get = self._get_hook
+            fut._on_wait = self._flush_hook
         # Members that are restarting are waited for before anything is recorded as sent.
         unavailable: dict[int, str] = {}
         mesh_state = self._supervisor.meshes.get(actor) if wire_kind is Kind.CALL else None
@@ -618,13 +634,16 @@ class Session:
         targets = {r: procs[r].key for r in ranks}
         with self.runtime.lock:
             call = self.core.expect(seq, kind, actor, method, targets, sink)
-        sink.call = call
+        if isinstance(sink, StreamSink):  # the stream reads results from its call; other
+            sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
         if jc is None:
             self._submit(CALL, {"s": seq, "k": kind, "a": actor, "m": method, "d": digest, "pts": list(ranks)})
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
-        call.wire = (wire_kind, dict(base), frames, metas, procs, [time.monotonic(), RESEND_FIRST_S])
+        call.wire = Wire(wire_kind, base, frames, metas, procs, time.monotonic(), RESEND_FIRST_S)
+        # Several points share one packing of the metadata; one point (call_one) packs it once anyway.
+        points = wire.PointMessages(wire_kind, base, frames) if not metas and len(ranks) > 1 else None
         for r in ranks:
             res = jc.results.get(r) if jc is not None else None
             if res is not None and "big" not in res:
@@ -636,20 +655,24 @@ class Session:
             if r in unavailable:
                 self.runtime.deliver_local(call, r, Outcome("dead", {"em": unavailable[r], "pt": r}, []))
                 continue
-            base["pt"] = r
-            if metas:
-                base.update(metas[r])
-            self._send(call, procs[r], r, wire.encode(wire_kind, base, frames))
+            if points is not None:
+                msg = points.encode(r)
+            elif metas:
+                msg = wire.encode(wire_kind, {**base, "pt": r, **metas[r]}, frames)
+            else:
+                msg = wire.encode(wire_kind, {**base, "pt": r}, frames)
+            self._send(call, procs[r], r, msg)
         return call
 
     def _send(self, call: PendingCall, proc: ProcRef, rank: int, msg: list) -> None:
         try:
-            self.runtime.send_to_proc(proc, msg)
+            self.runtime.queue_to_proc(proc, msg)
         except PeerGone as e:
             self.runtime.deliver_local(call, rank, Outcome("dead", {"em": str(e), "pt": rank}, []))
 
-    def _get(self, seq: int, fut: Future, timeout: float | None) -> None:
+    def _get(self, fut: Future, timeout: float | None) -> None:
         """Future.get for calls: a timeout the program saw is journaled, and replayed."""
+        seq = fut.tag
         self._replay_timeout(seq, "call", timeout)
         if not self.runtime.wait_for(fut, timeout):
             self._time_out(seq, "call", timeout)
@@ -707,6 +730,7 @@ class Session:
         deadline = None if timeout is None else time.monotonic() + timeout
         for i in range(len(sink.view.ranks)):
             key = (call.seq, "stream", i)
+            self.runtime.flush()
             if self._replay is not None and key in self._replay.obs:
                 rank = self._replay.obs[key]
                 while rank not in buffered:

@@ -7,6 +7,7 @@ group commit cheap. Pure functions only; nothing here does IO or ever unpickles.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from typing import Any
 
@@ -27,6 +28,15 @@ MAX_RECORD_BYTES = 1 << 20
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _crc32 = zlib.crc32
+_local = threading.local()  # one reusable Packer per thread: packb builds one per call
+
+
+def _packer() -> msgpack.Packer:
+    try:
+        return _local.packer
+    except AttributeError:
+        _local.packer = msgpack.Packer(use_bin_type=True)
+        return _local.packer
 
 
 def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: float) -> bytes:
@@ -35,9 +45,11 @@ def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: flo
         raise TypeError(f"record kind must be a str, got {type(kind).__name__} for lsn {lsn}")
     if not isinstance(data, dict):
         raise TypeError(f"record data must be a dict, got {type(data).__name__} for lsn {lsn}")
+    pack = _packer().pack
     try:
-        body = _packb([lsn, epoch, kind, data, ts], use_bin_type=True)
+        body = pack([lsn, epoch, kind, data, ts])
     except (TypeError, ValueError, OverflowError) as exc:
+        _packer().reset()  # a failed pack may leave part of the value in the buffer
         raise TypeError(
             f"record {kind!r} (lsn {lsn}) holds a value msgpack cannot encode: {exc}; "
             "journal data may only contain str, int, float, bool, None, bytes, lists and "
@@ -49,7 +61,7 @@ def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: flo
             f"{MAX_RECORD_BYTES} bytes per record. Keep large values out of the journal "
             "(journal their digest and size and keep the bytes with the worker)."
         )
-    return _packb((body, _crc32(body)), use_bin_type=True)
+    return pack((body, _crc32(body)))
 
 
 def encode_batch(frames: list[bytes]) -> bytes:

@@ -69,14 +69,18 @@ class GroupCommitWriter:
         """Queue one record and return its lsn; does not wait for it to be durable."""
         ts = time.time()
         with self._cond:
-            self._raise_if_failed()
+            if self._error is not None or self._closing:
+                self._raise_if_failed()
             lsn = self._next_lsn
             frame = codec.encode_record(lsn, self._epoch, kind, data, ts)
             self._next_lsn = lsn + 1
+            # Wake the writer only when it may be waiting for exactly this: the first record,
+            # or the one that fills a batch. Past that it is busy writing and looks again by
+            # itself, and a notify per record would cost more than the record.
             if not self._pending:
                 self._first_pending_at = time.monotonic()
                 self._cond.notify_all()
-            elif len(self._pending) + 1 >= self._max_batch:
+            elif len(self._pending) + 1 == self._max_batch:
                 self._cond.notify_all()
             self._pending.append(frame)
         return lsn

@@ -2,7 +2,9 @@
 
 A message is a zmq multipart: frame 0 is an 8-byte header plus a msgpack map of
 metadata; frame 1 (optional) is a pickle-5 payload; frames 2.. are its out-of-band
-buffers. Parsing validates everything before a payload is ever unpickled, and
+buffers. A BATCH message carries many messages to one peer in one send: its metadata
+lists how many frames each one has, and each is then validated exactly as if it had
+come alone. Parsing validates everything before a payload is ever unpickled, and
 payloads are only unpickled from peers the transport authenticated.
 """
 
@@ -13,6 +15,7 @@ import io
 import pickle
 import struct
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,17 +46,55 @@ class Kind(enum.IntEnum):
     PING = 11
     PONG = 12
     PROC_ADOPT = 13  # proc -> host agent: its agent died; the new one takes it over (answered by HOST_REP)
+    BATCH = 14  # any -> any: several messages to one peer, in the order they were sent
 
 
 _KINDS = {int(k) for k in Kind}
+_KIND_OF = {int(k): k for k in Kind}
+MAX_BATCH = 1024  # messages in one batch, at most
+
+
+_local = threading.local()  # one reusable Packer per thread: packb builds one per call
+
+
+def _packer() -> msgpack.Packer:
+    try:
+        return _local.packer
+    except AttributeError:
+        _local.packer = msgpack.Packer(use_bin_type=True)
+        return _local.packer
 
 
 def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
     """Frames for one message; payload is [pickle bytes, *buffers] or empty."""
-    body = msgpack.packb(meta, use_bin_type=True)
+    packer = _packer()
+    try:
+        body = packer.pack(meta)
+    except BaseException:
+        packer.reset()  # a failed pack may leave part of the value in the buffer
+        raise
     if len(body) > MAX_META_BYTES:
         raise ProtocolError(f"message metadata is {len(body)} bytes, above {MAX_META_BYTES}")
-    return [_HEADER.pack(MAGIC, VERSION, int(kind), len(body)) + body, *payload]
+    return [_HEADER.pack(MAGIC, VERSION, kind, len(body)) + body, *payload]
+
+
+class PointMessages:
+    """The messages of one call to several points of a mesh: the shared metadata is packed
+    once, and each point's message adds its own "pt" (a msgpack map has no key order)."""
+
+    def __init__(self, kind: Kind, base: dict, payload: Sequence[Any]):
+        if "pt" in base or len(base) >= 15:
+            raise ValueError("PointMessages needs metadata of under 15 keys, without 'pt'")
+        packed = _packer().pack(base)  # a fixmap: one header byte holding the key count
+        self._prefix = bytes((0x80 | (len(base) + 1),)) + packed[1:] + b"\xa2pt"
+        self._kind = kind
+        self._payload = payload
+
+    def encode(self, point: int) -> list:
+        body = self._prefix + _packer().pack(point)
+        if len(body) > MAX_META_BYTES:
+            raise ProtocolError(f"message metadata is {len(body)} bytes, above {MAX_META_BYTES}")
+        return [_HEADER.pack(MAGIC, VERSION, self._kind, len(body)) + body, *self._payload]
 
 
 def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
@@ -83,34 +124,149 @@ def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
         raise ProtocolError(f"metadata is not valid msgpack: {e}") from None
     if not isinstance(meta, dict):
         raise ProtocolError("metadata is not a map")
-    return Kind(kind), meta, list(frames[1:])
+    return _KIND_OF[kind], meta, list(frames[1:])
+
+
+def encode_batch(messages: Sequence[list]) -> list:
+    """One message carrying several (each a list of frames, as `encode` returns them):
+    a header listing every frame's length, per message, and one frame of all their bytes."""
+    lengths = []
+    parts = []
+    for m in messages:
+        lengths.append([len(f) for f in m])
+        parts += m
+    return encode(Kind.BATCH, {"n": lengths}, [b"".join(parts)])
+
+
+def split_batch(meta: dict, frames: list) -> list[list]:
+    """The messages inside a decoded BATCH, each still to be `decode`d on its own (its
+    frames are views into the batch's bytes, not copies).
+
+    Raises ProtocolError when the lengths do not describe the batch's bytes exactly."""
+    lengths = meta.get("n")
+    if type(lengths) is not list or not lengths or len(lengths) > MAX_BATCH:
+        raise ProtocolError(f"batch field 'n' must list the frame lengths of 1..{MAX_BATCH} messages")
+    if len(frames) != 1:
+        raise ProtocolError(f"a batch has one body frame, this one has {len(frames)}")
+    body = frames[0]
+    body = body.buffer if hasattr(body, "buffer") else memoryview(body)
+    size = len(body)
+    out = []
+    at = 0
+    for msg in lengths:
+        if type(msg) is not list or not msg or len(msg) > BATCH_MESSAGE_FRAMES:
+            raise ProtocolError(f"batch message lengths {str(msg)[:100]} are not 1..{BATCH_MESSAGE_FRAMES} ints")
+        sub = []
+        for n in msg:
+            if type(n) is not int or n < 0 or at + n > size:
+                raise ProtocolError(f"batch lengths {str(lengths)[:200]} do not fit its {size} bytes")
+            sub.append(body[at : at + n])
+            at += n
+        out.append(sub)
+    if at != size:
+        raise ProtocolError(f"batch lengths cover {at} of its {size} bytes")
+    return out
+
+
+# What one batch carries: at most BATCH_MESSAGES messages and BATCH_BYTES bytes (less
+# where the receiver's REGENT_MAX_MESSAGE_BYTES is lower: see batch_bytes).
+# A message with a payload over BATCH_ALONE_BYTES, or many buffers, travels on its own:
+# copying it into a batch would cost more than its own send.
+BATCH_MESSAGES = 256
+BATCH_BYTES = 1 << 20
+BATCH_ALONE_BYTES = 64 * 1024
+BATCH_MESSAGE_FRAMES = 4
+
+
+def message_bytes(msg: list) -> int:
+    """Payload bytes of an encoded message (the header frame is small and not counted)."""
+    n = 0
+    for f in msg[1:]:
+        n += len(f)  # bytes, 'B'-format memoryviews (PickleBuffer.raw) and zmq Frames
+    return n
+
+
+def batchable(msg: list, size: int) -> bool:
+    return size <= BATCH_ALONE_BYTES and len(msg) <= BATCH_MESSAGE_FRAMES
+
+
+def batch_bytes(max_message: int) -> int:
+    """The byte budget of one batch for a peer accepting frames up to max_message bytes."""
+    return max(1, min(BATCH_BYTES, max_message // 2))
+
+
+def pack(messages: Sequence[list], max_message: int = 4 << 30) -> list[list]:
+    """Group messages to one peer into as few sends as the batch limits allow, in order.
+    Each element is a list of frames ready to send: a single message or a BATCH."""
+    limit = batch_bytes(max_message)
+    out: list[list] = []
+    group: list[list] = []
+    nbytes = 0
+
+    def close_group() -> None:
+        if group:
+            out.append(group[0] if len(group) == 1 else encode_batch(group))
+
+    for msg in messages:
+        size = message_bytes(msg)
+        if not batchable(msg, size):
+            close_group()
+            group, nbytes = [], 0
+            out.append(msg)
+            continue
+        if group and (len(group) >= BATCH_MESSAGES or nbytes + size > limit):
+            close_group()
+            group, nbytes = [], 0
+        group.append(msg)
+        nbytes += size
+    close_group()
+    return out
+
+
+def decode_one(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
+    """`decode` for a message taken out of a batch: batches do not nest."""
+    kind, meta, payload = decode(frames)
+    if kind is Kind.BATCH:
+        raise ProtocolError("a batch inside a batch")
+    return kind, meta, payload
 
 
 def require(meta: dict, key: str, typ: type | tuple[type, ...]) -> Any:
     """A field of validated type, or ProtocolError naming it."""
     v = meta.get(key)
+    if type(v) is typ:  # the usual case, and never a bool passing for an int
+        return v
     if not isinstance(v, typ) or isinstance(v, bool) and typ is int:
         raise ProtocolError(f"field {key!r} missing or not {typ}")
     return v
 
 
 _PLAIN = (int, float, str, bytes, bool, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def _is_plain(obj: Any, depth: int = 0) -> bool:
-    """True for data the stdlib pickler handles identically everywhere (no classes)."""
-    if isinstance(obj, _PLAIN):
-        return True
-    if depth > 3:
-        return False
+    """True for data the stdlib pickler handles identically everywhere (no classes).
+
+    On every call's path, so plain loops rather than all() over generators."""
     t = type(obj)
+    if t in _PLAIN_TYPES:
+        return True
     if t is tuple or t is list:
-        return len(obj) <= 64 and all(_is_plain(x, depth + 1) for x in obj)
+        if depth > 3 or len(obj) > 64:
+            return False
+        for x in obj:
+            if not _is_plain(x, depth + 1):
+                return False
+        return True
     if t is dict:
-        return len(obj) <= 64 and all(
-            _is_plain(k, depth + 1) and _is_plain(v, depth + 1) for k, v in obj.items()
-        )
-    return False
+        if depth > 3 or len(obj) > 64:
+            return False
+        for k, v in obj.items():
+            if not (_is_plain(k, depth + 1) and _is_plain(v, depth + 1)):
+                return False
+        return True
+    return isinstance(obj, _PLAIN)
 
 
 def _rebuild_tensor(buf: Any, dtype: Any, shape: tuple, requires_grad: bool) -> Any:
@@ -165,6 +321,9 @@ def loads(frames: Sequence[Any]) -> Any:
     """Inverse of dumps. Only call on frames from an authenticated peer."""
     if not frames:
         raise ProtocolError("missing payload frame")
+    if len(frames) == 1:
+        f = frames[0]
+        return pickle.loads(f.buffer if hasattr(f, "buffer") else f)
     main, *bufs = (f.buffer if hasattr(f, "buffer") else f for f in frames)
     return pickle.loads(main, buffers=bufs)
 
@@ -190,5 +349,26 @@ def call_digest(obj: Any, frames: Sequence[Any]) -> bytes:
     return digest([f.getvalue(), *(b.raw() for b in buffers)])
 
 
+_EMPTY_CALL = pickle.dumps(((), {}), protocol=5)
+_EMPTY_CALL_DIGEST = xxhash.xxh3_128_digest(_EMPTY_CALL)
+_EMPTY_CALL_FRAMES = (_EMPTY_CALL,)
+
+
+def dumps_call(args: tuple, kwargs: dict) -> tuple[Sequence[Any], bytes]:
+    """Payload frames (not to be changed: they may be shared) and argument digest of a
+    call: `dumps` and `call_digest` of (args, kwargs), no work for a call without any."""
+    if not args and not kwargs:
+        return _EMPTY_CALL_FRAMES, _EMPTY_CALL_DIGEST
+    obj = (args, kwargs)
+    if _is_plain(obj):
+        main = pickle.dumps(obj, protocol=5)
+        return [main], xxhash.xxh3_128_digest(main)
+    frames = dumps(obj)
+    return frames, call_digest(obj, frames)
+
+
 def payload_size(frames: Sequence[Any]) -> int:
-    return sum(len(f.buffer if hasattr(f, "buffer") else f) for f in frames)
+    n = 0
+    for f in frames:
+        n += len(f)  # bytes, 'B'-format memoryviews (PickleBuffer.raw) and zmq Frames
+    return n

@@ -17,7 +17,7 @@ from worker.errors import DivergenceError
 LARGE_RESULT_BYTES = 64 * 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     digest: bytes
     waiters: list = field(default_factory=list)  # reply-to targets while in flight

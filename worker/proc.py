@@ -3,7 +3,8 @@
 The proc's single thread runs an asyncio loop fed by its authenticated inbox. Each
 actor has a mailbox and handles one message at a time; sync endpoints run inline
 (no thread hand-off on the call path), async ones as tasks. Every call passes the
-epoch fence and the dedupe cache before it can run.
+epoch fence and the dedupe cache before it can run. The replies to one incoming message
+(often a batch) are collected per return address and sent as one batch.
 
 A proc outlives its host agent. It watches the agent through a pidfd on the loop
 (no polling on the call path); when the agent dies, it starts a new one (or finds the
@@ -40,9 +41,10 @@ from worker.errors import ActorExit, DivergenceError, ProtocolError
 from worker.fencing import EpochFence
 from worker.host import ensure_local_host
 from worker.security import load_credentials, stop_authenticator
-from worker.transport import Inbox, Outbox, valid_address
+from worker.transport import Inbox, Outbox, max_message_bytes, valid_address
 
 log = structlog.get_logger("regent.proc")
+_NO_FRAMES: tuple = ()
 
 ADOPT_ACK_TIMEOUT_S = 3.0
 
@@ -58,6 +60,14 @@ class _Slot:
     mailbox: collections.deque = field(default_factory=collections.deque)
     busy: bool = False
     executions: int = 0
+    bound: dict[str, tuple[Any, bool]] = field(default_factory=dict)  # method -> (fn, is async)
+
+    def endpoint(self, method: str) -> tuple[Any, bool]:
+        found = self.bound.get(method)
+        if found is None:
+            fn = getattr(self.instance, method)
+            found = self.bound[method] = (fn, is_async_endpoint(fn))
+        return found
 
 
 class ProcRuntime:
@@ -88,6 +98,10 @@ class ProcRuntime:
         self.dedupe = DedupeCache()
         self.actors: dict[str, _Slot] = {}
         self.pending: dict[str, collections.deque] = {}
+        self._out: dict[str, list] = {}  # replies not yet sent, per return address
+        self._reading = False
+        self._rt_checked = ""  # the last reply address found valid
+        self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = asyncio.new_event_loop()
         self.stopping = False
         self.dropped = 0
@@ -241,24 +255,50 @@ class ProcRuntime:
 
     def _on_readable(self) -> None:
         sock = self.inbox.sock
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self._handle(frames)
+        self._reading = True
+        try:
+            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._handle(frames)
+                # A batch in, a batch out: under a steady stream of calls the inbox is never
+                # empty, and replies held until it is would all arrive at the very end.
+                self._flush_out()
+        finally:
+            self._reading = False
+            self._flush_out()
 
     def _handle(self, frames: list) -> None:
         try:
             kind, meta, payload = wire.decode(frames)
-            self._dispatch(kind, meta, payload, frames[0])
+            if kind is Kind.BATCH:
+                subs = wire.split_batch(meta, payload)
+            else:
+                self._dispatch(kind, meta, payload, frames[0])
+                return
         except ProtocolError as e:
-            self.dropped += 1
-            peer = _peer_of(frames[0]) if frames else "?"
-            log.warning("dropped malformed message", peer=peer, proc=self.proc_id, error=str(e))
+            self._drop(frames, e)
+            return
         except Exception:
             self.dropped += 1
             log.exception("dropped message that failed to dispatch", proc=self.proc_id)
+            return
+        for sub in subs:  # each as if it had come alone: one bad message spoils no other
+            try:
+                kind, meta, payload = wire.decode_one(sub)
+                self._dispatch(kind, meta, payload, frames[0])
+            except ProtocolError as e:
+                self._drop(frames, e)
+            except Exception:
+                self.dropped += 1
+                log.exception("dropped message from a batch that failed to dispatch", proc=self.proc_id)
+
+    def _drop(self, frames: list, e: ProtocolError) -> None:
+        self.dropped += 1
+        peer = _peer_of(frames[0]) if frames else "?"
+        log.warning("dropped malformed message", peer=peer, proc=self.proc_id, error=str(e))
 
     def _dispatch(self, kind: Kind, meta: dict, payload: list, head: Any) -> None:
         if kind is Kind.HOST_REP:
@@ -274,8 +314,10 @@ class ProcRuntime:
             raise ProtocolError(f"message for session {meta['sid']!r}, this proc serves {self.session!r}")
         epoch = wire.require(meta, "e", int)
         rt = meta.get("rt")
-        if rt is not None and not valid_address(rt):
-            raise ProtocolError(f"bad reply address {rt!r}")
+        if rt is not None and rt != self._rt_checked:
+            if not valid_address(rt):
+                raise ProtocolError(f"bad reply address {rt!r}")
+            self._rt_checked = rt  # the controller's address, in almost every message
         if not self.fence.admit(epoch):
             if rt:
                 self._reply(rt, Kind.RESULT, {
@@ -343,8 +385,8 @@ class ProcRuntime:
         slot.busy = True
         while slot.mailbox:
             seq, point, method, payload = slot.mailbox.popleft()
-            fn = getattr(slot.instance, method)
-            if is_async_endpoint(fn):
+            fn, is_async = slot.endpoint(method)
+            if is_async:
                 self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload))
                 return
             token = _current.set(slot.ctx)
@@ -400,6 +442,9 @@ class ProcRuntime:
         self._cleanup(slot)
 
     def _finish_value(self, seq: int, actor: str, point: int, value: Any) -> None:
+        if value is None:  # no payload at all: the controller reads an empty result as None
+            self._finish(seq, actor, point, "ok")
+            return
         try:
             frames = wire.dumps(value)
         except Exception as e:
@@ -413,12 +458,13 @@ class ProcRuntime:
 
     def _result_meta(self, seq: int, actor: str, point: int, status: str, **extra: Any) -> dict:
         meta = {"sid": self.session, "s": seq, "a": actor, "pt": point, "st": status}
-        meta.update(extra)
+        if extra:
+            meta.update(extra)
         return meta
 
     def _finish(self, seq: int, actor: str, point: int, status: str, frames: list | None = None, **extra: Any) -> None:
         meta = self._result_meta(seq, actor, point, status, **extra)
-        frames = frames or []
+        frames = frames or _NO_FRAMES
         waiters = self.dedupe.complete(seq, actor, (meta, frames), wire.payload_size(frames))
         if waiters:
             msg = wire.encode(Kind.RESULT, meta, frames)
@@ -504,6 +550,24 @@ class ProcRuntime:
         self._send(rt, wire.encode(kind, meta, frames or []))
 
     def _send(self, rt: str, msg: list) -> None:
+        """Collect a reply; `_flush_out` sends each address's replies as few batches."""
+        out = self._out.get(rt)
+        if out is None:
+            if not self._out and not self._reading:  # from a task: send once this step is done
+                self.loop.call_soon(self._flush_out)
+            self._out[rt] = [msg]
+        else:
+            out.append(msg)
+
+    def _flush_out(self) -> None:
+        if not self._out:
+            return
+        out, self._out = self._out, {}
+        for rt, msgs in out.items():
+            for frames in wire.pack(msgs, self._max_message):
+                self._transmit(rt, frames)
+
+    def _transmit(self, rt: str, msg: list) -> None:
         """Send without blocking the loop; a full peer gets a backlog retried shortly."""
         backlog = self.pending.get(rt)
         if backlog:

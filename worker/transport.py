@@ -1,6 +1,8 @@
 """Sockets: every regent process binds one authenticated PULL inbox and talks to
 others through PUSH outboxes. One-way flows keep sends off the receiving thread
 and make backpressure explicit: a full peer delays the sender, never drops.
+A peer can also queue messages and send them as one BATCH: each zmq send costs far
+more than the Python that encodes a call, so a burst of calls pays for few sends.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import zmq
 
+from worker import _wire as wire
 from worker.security import Credentials, secure_client, secure_server
 
 HWM = 100_000
@@ -43,9 +46,10 @@ class Inbox:
 
     def pending(self) -> Iterator[list]:
         """Every message already waiting, without blocking (the caller owns the socket)."""
-        while True:
+        sock = self.sock
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a zmq.Again per drain
             try:
-                yield self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                yield sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
 
@@ -57,12 +61,28 @@ class PeerGone(Exception):
     """The peer is known to be dead, so a blocked send was abandoned."""
 
 
+# A queued message waits at most this long for company before the queueing thread sends
+# its batch; an owner that queues must also flush before it blocks, and flush peers whose
+# batch is older than this from a thread of its own (nothing may wait for a later call).
+BATCH_MAX_AGE_S = 0.001
+
+
 class Peer:
-    """A PUSH socket to one inbox. Sends are serialised by a lock so any thread may send."""
+    """A PUSH socket to one inbox. Sends are serialised by a lock so any thread may send.
+
+    `queue` adds a message to the peer's next batch; `send`, `try_send` and `flush` send
+    what is queued first, so messages to one peer leave in the order they were given."""
 
     def __init__(self, ctx: zmq.Context, creds: Credentials, address: str,
-                 before_connect: Callable[[Peer], None] | None = None):
+                 before_connect: Callable[[Peer], None] | None = None,
+                 dirty: set[Peer] | None = None):
         self.address = address
+        self._queued: list[list] = []
+        self._queued_bytes = 0
+        self.queued_since = 0.0
+        self._alive: Callable[[], bool] | None = None
+        self._dirty = dirty  # the owner's set of peers with something queued
+        self._batch_bytes = wire.batch_bytes(max_message_bytes())
         self.sock = ctx.socket(zmq.PUSH)
         secure_client(self.sock, creds)
         self.sock.sndhwm = HWM
@@ -76,26 +96,97 @@ class Peer:
     def send(self, frames: list, alive: Callable[[], bool] | None = None) -> None:
         """Send, waiting while the peer's queue is full; PeerGone if alive() turns false."""
         with self.lock:
-            while True:
-                try:
-                    self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                    return
-                except zmq.Again:
-                    if alive is not None and not alive():
-                        raise PeerGone(f"peer {self.address} is gone") from None
-                    self.sock.poll(50, zmq.POLLOUT)
+            if self._queued:
+                self._flush_locked(True)
+            self._send_locked(frames, alive)
+
+    def _send_locked(self, frames: list, alive: Callable[[], bool] | None) -> None:
+        while True:
+            try:
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                if alive is not None and not alive():
+                    raise PeerGone(f"peer {self.address} is gone") from None
+                self.sock.poll(50, zmq.POLLOUT)
 
     def try_send(self, frames: list) -> bool:
         """Send without waiting; False if the peer's queue is full."""
         with self.lock:
+            if self._queued and not self._flush_locked(False):
+                return False
             try:
                 self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
                 return True
             except zmq.Again:
                 return False
 
+    def queue(self, msg: list, alive: Callable[[], bool] | None = None) -> None:
+        """Add a message to the next batch. The batch goes out when it is full or older
+        than BATCH_MAX_AGE_S (checked here), or on `flush`; PeerGone if alive() turns
+        false while a full peer makes this wait."""
+        size = wire.message_bytes(msg)
+        with self.lock:
+            if not wire.batchable(msg, size):
+                if self._queued:
+                    self._flush_locked(True)
+                self._send_locked(msg, alive)
+                return
+            if self._queued and self._queued_bytes + size > self._batch_bytes:
+                self._flush_locked(True)
+            now = time.monotonic()
+            if not self._queued:
+                self.queued_since = now
+                if self._dirty is not None:
+                    self._dirty.add(self)
+            self._queued.append(msg)
+            self._queued_bytes += size
+            self._alive = alive
+            if (len(self._queued) >= wire.BATCH_MESSAGES
+                    or self._queued_bytes >= self._batch_bytes
+                    or now - self.queued_since >= BATCH_MAX_AGE_S):
+                self._flush_locked(True)
+
+    def flush(self, block: bool = True) -> bool:
+        """Send what is queued. block=False gives up (False) if the peer is full or
+        another thread is sending to it. PeerGone (blocking only) drops the batch."""
+        if not self._queued:
+            return True
+        if not self.lock.acquire(blocking=block):
+            return False
+        try:
+            return self._flush_locked(block)
+        finally:
+            self.lock.release()
+
+    def _flush_locked(self, block: bool) -> bool:
+        msgs = self._queued
+        if not msgs:
+            return True
+        frames = msgs[0] if len(msgs) == 1 else wire.encode_batch(msgs)
+        if block:
+            try:
+                self._send_locked(frames, self._alive)
+            except PeerGone:
+                self._clear_queue()  # the owner fails whatever waited on a peer that is gone
+                raise
+        else:
+            try:
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return False
+        self._clear_queue()
+        return True
+
+    def _clear_queue(self) -> None:
+        self._queued = []
+        self._queued_bytes = 0
+        if self._dirty is not None:
+            self._dirty.discard(self)
+
     def close(self) -> None:
         with self.lock:
+            self._clear_queue()
             self.sock.close(linger=0)
 
 
@@ -110,6 +201,7 @@ class Outbox:
         self.route = route
         self.on_new = on_new
         self._peers: dict[str, Peer] = {}
+        self.dirty: set[Peer] = set()  # peers with queued messages not yet sent
         self._lock = threading.Lock()
 
     def peer(self, address: str) -> Peer:
@@ -119,12 +211,26 @@ class Outbox:
                 p = self._peers.get(address)
                 if p is None:
                     target = self.route(address) if self.route else address
-                    p = self._peers[address] = Peer(self.ctx, self.creds, target, self.on_new)
+                    p = self._peers[address] = Peer(self.ctx, self.creds, target, self.on_new,
+                                                              self.dirty)
         return p
 
     def route_of(self, address: str) -> str:
         """The address a connection to `address` actually goes to."""
         return self.route(address) if self.route else address
+
+    def flush(self, block: bool = True, older_than: float | None = None) -> None:
+        """Send every peer's queued batch (only those queued before `older_than`, a
+        time.monotonic() value, if given). Blocking, PeerGone from a peer that is gone
+        is swallowed: its owner fails what waited on it."""
+        for p in list(self.dirty):
+            if older_than is not None and p.queued_since > older_than:
+                continue
+            try:
+                if not p.flush(block):
+                    continue
+            except PeerGone:
+                continue
 
     def drop(self, address: str) -> None:
         with self._lock:

@@ -3,6 +3,8 @@ and reads what comes back, the way a second (or deposed) controller would."""
 
 from __future__ import annotations
 
+import collections
+
 import zmq
 
 from worker import _wire as wire
@@ -19,6 +21,7 @@ class RawPeer:
         port = self.inbox.bind_to_random_port("tcp://127.0.0.1")
         self.address = f"tcp://127.0.0.1:{port}"
         self._out: dict[str, zmq.Socket] = {}
+        self._unread: collections.deque = collections.deque()  # the rest of a batch
 
     def out(self, address: str, secure: bool = True) -> zmq.Socket:
         sock = self._out.get(address)
@@ -42,10 +45,16 @@ class RawPeer:
         self.send(address, wire.encode(Kind.CALL, meta, frames))
 
     def recv(self, timeout: float = 5.0) -> tuple[Kind, dict, object]:
-        """The next message: (kind, meta, decoded payload or None)."""
-        if not self.inbox.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no message within {timeout} s")
-        kind, meta, payload = wire.decode(self.inbox.recv_multipart(copy=False))
+        """The next message, batches unpacked: (kind, meta, decoded payload or None)."""
+        if not self._unread:
+            if not self.inbox.poll(int(timeout * 1000)):
+                raise TimeoutError(f"no message within {timeout} s")
+            kind, meta, payload = wire.decode(self.inbox.recv_multipart(copy=False))
+            if kind is Kind.BATCH:
+                self._unread.extend(wire.decode_one(sub) for sub in wire.split_batch(meta, payload))
+            else:
+                self._unread.append((kind, meta, payload))
+        kind, meta, payload = self._unread.popleft()
         value = wire.loads(payload) if payload else None
         return kind, meta, value
 
