@@ -215,6 +215,9 @@ class _NoRuntime:
         raise AuditGap(f"the program needs host agent {host} to {op!r}, and the journal does not say "
                        "what it answered")
 
+    def flush(self) -> None:
+        """Nothing is ever queued for a worker in an audit."""
+
     def register_host(self, host: str) -> None:
         pass
 
@@ -282,6 +285,10 @@ class AuditSession(Session):
         self._marks = collections.deque()
         self._safe_through = -1
         self.runtime = _NoRuntime(self.core)
+        self._no_journal = False
+        self._get_hook = self._get
+        self._flush_hook = self.runtime.flush
+        self._decode_hook = self._decode
         self._supervisor = _NoSupervisor()
         self._hosts = []
         self._actor_names = set()
