@@ -247,6 +247,9 @@ class GatherSink:
     def deliver(self, call: Any, point: int) -> None:
         if not call.complete:
             return
+        # Where the outcomes sit in the journal: the program may issue nothing after reading
+        # them until they are durable (Session._issue).
+        self.future.lsn = max(o.meta.get("_lsn", -1) for o in call.results.values())
         try:
             if self.single:
                 (only,) = call.results.values()

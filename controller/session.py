@@ -145,6 +145,8 @@ class Session:
         self.sid = f"{name}.{self.run_id}"
         self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead, max_delay_s=JOURNAL_LINGER_S)
         self._no_journal = isinstance(self.writer, NoWriter)
+        self._observed_lsn = -1  # the last journaled outcome the program has read
+        self._durable_seen = -1  # ... and how far those are known durable
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         self.replaying = self._replay is not None and self._replay.max_seq >= 0
@@ -317,6 +319,7 @@ class Session:
                                     abnormal=not outcome.meta.get("normal"))
         try:
             lsn = self.writer.submit(RESULT, data)
+            outcome.meta["_lsn"] = lsn
             if durable:
                 self.writer.wait_durable(lsn, timeout=30)
         except Exception as e:  # deposed or journal down: the program hears it on its next call
@@ -341,10 +344,30 @@ class Session:
 
     def _issue(self) -> int:
         self._check_live()
+        if self._observed_lsn > self._durable_seen:
+            self._await_observed()
         seq = self.core.issue()
         if self.replaying and seq > self._replay.max_seq:
             self._end_replay()
         return seq
+
+    def _await_observed(self) -> None:
+        """Nothing the program does next may rest on an outcome a standby could not replay.
+
+        A plain result is journaled off the latency path, and dedupe replays it from the
+        worker's cache (invariant 4) -- unless the proc holding it dies with the primary. Then
+        a standby would see a SupervisionError where the program saw a value, and the calls
+        the primary issued after reading it (which ran) would part ways with the standby's
+        (which would run them again, or trip a DivergenceError on the workers). So the next
+        call waits until every outcome the program has read is durable: a pipelined burst
+        pays nothing, a read-then-call loop one journal commit per turn."""
+        self.writer.wait_durable(self._observed_lsn)
+        self._durable_seen = self._observed_lsn
+
+    def _observed(self, lsn: int) -> None:
+        """The program has read an outcome journaled at `lsn` (-1: none, or already durable)."""
+        if lsn > self._observed_lsn:
+            self._observed_lsn = lsn
 
     def _end_replay(self) -> None:
         self.replaying = False
@@ -676,6 +699,8 @@ class Session:
         self._replay_timeout(seq, "call", timeout)
         if not self.runtime.wait_for(fut, timeout):
             self._time_out(seq, "call", timeout)
+        if fut.lsn > self._observed_lsn:
+            self._observed_lsn = fut.lsn
 
     def _replay_timeout(self, seq: int, what: str, timeout: float | None) -> None:
         """Raise the TimeoutError the journal says the program saw next for this seq, if any."""
@@ -746,7 +771,9 @@ class Session:
                 rank = next(iter(buffered))
                 self._submit(OBS, {"s": call.seq, "w": "stream", "i": i, "v": rank}, durable=True)
             del buffered[rank]
-            yield point_of(sink.view.dims, index[rank]), self._decode(call, call.results[rank])
+            outcome = call.results[rank]
+            self._observed(outcome.meta.get("_lsn", -1))
+            yield point_of(sink.view.dims, index[rank]), self._decode(call, outcome)
 
 
 def _outcome_of(res: dict) -> Outcome:
