@@ -276,7 +276,11 @@ class ChaosCluster:
 
     def _restart_etcd(self) -> None:
         time.sleep(self.etcd_restart_s or 0)
-        self.etcd.start()
+        try:
+            self.etcd.start()
+        except RuntimeError as e:  # killed again while starting: the monitor reaps it and tries again
+            log.warning("etcd did not come back; trying again", error=str(e))
+            return
         self.etcd_restarts.append(time.time())
         self.faults.record("restart", "etcd", {"pid": self.etcd.pid})
 

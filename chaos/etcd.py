@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -34,6 +35,7 @@ class LocalEtcd:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="regent-chaos-etcd-"))
         self.client_port, self.peer_port = _free_port(), _free_port()
         self.proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # start, reap and stop come from different threads
 
     @property
     def address(self) -> str:
@@ -52,11 +54,15 @@ class LocalEtcd:
         return self.pid is not None
 
     def start(self, timeout_s: float = 20.0) -> LocalEtcd:
+        with self._lock:
+            return self._start(timeout_s)
+
+    def _start(self, timeout_s: float) -> LocalEtcd:
         if self.running:
             return self
         client, peer = f"http://{self.address}", f"http://127.0.0.1:{self.peer_port}"
         log = open(self.data_dir.with_suffix(".log"), "ab")
-        self.proc = subprocess.Popen(
+        self.proc = proc = subprocess.Popen(
             [self.binary, "--name", "chaos", "--data-dir", str(self.data_dir / "data"),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -65,8 +71,8 @@ class LocalEtcd:
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.data_dir.with_suffix('.log')}")
+            if proc.poll() is not None:  # e.g. a chaos schedule killed it while it started
+                raise RuntimeError(f"etcd exited with {proc.returncode}; see {self.data_dir.with_suffix('.log')}")
             try:
                 with urllib.request.urlopen(f"{client}/health", timeout=1) as r:
                     if b'"health":"true"' in r.read():
@@ -77,18 +83,25 @@ class LocalEtcd:
         raise RuntimeError(f"etcd on {self.address} not healthy after {timeout_s} s")
 
     def reap(self) -> bool:
-        """True if etcd was running and has died (it is then ready to start again)."""
-        if self.proc is not None and self.proc.poll() is not None:
-            self.proc = None
-            return True
-        return False
+        """True if etcd was running and has died (it is then ready to start again).
+        False while a start is under way: that start reports its own failure."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self.proc is not None and self.proc.poll() is not None:
+                self.proc = None
+                return True
+            return False
+        finally:
+            self._lock.release()
 
     def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+        with self._lock:
+            if self.proc is not None:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                self.proc.wait()
+                self.proc = None
 
     def __enter__(self) -> LocalEtcd:
         return self.start()
