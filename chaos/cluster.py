@@ -32,7 +32,7 @@ from chaos import faults as process_faults
 from chaos.faults import FaultLog
 from chaos.links import ENV_TOXIPROXY, proxy_name
 from chaos.net import ChaosNet
-from chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer
+from chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer, ToxiproxyWatchdog
 
 __all__ = ["ChaosCluster", "Controller", "RoleNet", "WORKLOAD"]
 
@@ -138,6 +138,7 @@ class ChaosCluster:
         self.controllers: list[Controller] = []
         self.net = RoleNet(self.server, self, self.faults)
         self.winner: Controller | None = None
+        self._toxiproxy_watch: ToxiproxyWatchdog | None = None  # replaces a stuck Toxiproxy server
         self.stopped_at_end: list[Controller] = []  # still running when the run finished
         self.result: dict | None = None
         self.etcd_restarts: list[float] = []
@@ -187,6 +188,7 @@ class ChaosCluster:
             self.start_controller()
         self._monitor = threading.Thread(target=self._watch, name=f"chaos-cluster-{self.session}", daemon=True)
         self._monitor.start()
+        self._toxiproxy_watch = ToxiproxyWatchdog(self.server).start()
         return self
 
     def leaders(self) -> list[tuple[int, float]]:
@@ -305,11 +307,17 @@ class ChaosCluster:
                 self.runner.note_calls(n - self._steps_seen)
             self._steps_seen = n
 
+    @property
+    def toxiproxy_revivals(self) -> int:
+        return self._toxiproxy_watch.revivals if self._toxiproxy_watch else 0
+
     def stop(self, exit_wait_s: float = 30.0) -> None:
         """Stop the run. The controller that printed the result is still closing its session
         (settling broadcasts it never waited for, flushing the journal): it is given
         `exit_wait_s` to exit on its own before anything is killed."""
         self._stop.set()
+        if self._toxiproxy_watch is not None:
+            self._toxiproxy_watch.stop()
         if self._monitor is not None:
             self._monitor.join(timeout=5)
         if self.winner is not None:

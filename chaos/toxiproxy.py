@@ -38,6 +38,7 @@ __all__ = [
     "ToxiproxyError",
     "ToxiproxyNotInstalled",
     "ToxiproxyServer",
+    "ToxiproxyWatchdog",
     "find_toxiproxy_server",
 ]
 
@@ -426,6 +427,27 @@ class ToxiproxyServer:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def revive(self, proxies: list[dict[str, Any]]) -> None:
+        """Replace a stuck server: SIGKILL it, start a new one on the same API port, and
+        create `proxies` again (Toxiproxy's JSON: name, listen, upstream), enabled and with
+        no toxics. Every connection through them is cut, as by a reset_peer on each.
+
+        Toxiproxy's API can stay blocked for as long as a peer of one link does not read
+        (removing a toxic waits for its goroutine, which waits to write to that peer)."""
+        with self._lock:
+            if self._client is None:
+                raise ToxiproxyError("ToxiproxyServer.revive() before start()")
+            port = int(self._client.url.rsplit(":", 1)[1])
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()  # stuck: no graceful stop
+            self._terminate()
+            self._spawn(port)
+        if proxies:
+            self.client.request("POST", "/populate", [
+                {"name": p["name"], "listen": p["listen"], "upstream": p["upstream"], "enabled": True}
+                for p in proxies])
+        log.warning("toxiproxy revived", url=self.client.url, proxies=len(proxies), pid=self.pid)
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL); safe to call twice."""
         with self._lock:
@@ -516,3 +538,49 @@ def _error_message(exc: urllib.error.HTTPError) -> str:
         return str(json.loads(body).get("error", body))
     except (ValueError, AttributeError):
         return body or str(exc.reason)
+
+
+class ToxiproxyWatchdog:
+    """Keeps a server's API answering: probes it every `every_s`, remembers its proxies
+    while it answers, and when `strikes` probes in a row get no answer within `timeout_s`,
+    revives it with them (ToxiproxyServer.revive). The defaults (~12 s) outlast any single
+    pause a chaos schedule holds a link's peer for, so only a server that stays stuck is
+    replaced. ``revivals`` counts them."""
+
+    def __init__(self, server: ToxiproxyServer, *, every_s: float = 0.5, timeout_s: float = 2.0,
+                 strikes: int = 5) -> None:
+        self.server = server
+        self.every_s, self.strikes = every_s, strikes
+        self.revivals = 0
+        self._probe = ToxiproxyClient(server.url, timeout_s=timeout_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="toxiproxy-watchdog", daemon=True)
+
+    def start(self) -> ToxiproxyWatchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._probe.timeout_s + self.every_s + 5)
+
+    def _run(self) -> None:
+        known: dict[str, dict[str, Any]] = {}
+        missed = 0
+        while not self._stop.wait(self.every_s):
+            try:
+                known = self._probe.request("GET", "/proxies") or {}
+                missed = 0
+                continue
+            except ToxiproxyError as e:
+                missed += 1
+                if missed < self.strikes:
+                    continue
+                log.warning("toxiproxy API stuck; reviving it", url=self._probe.url, error=str(e))
+            missed = 0
+            try:
+                self.server.revive(list(known.values()))
+                self.revivals += 1
+            except ToxiproxyError as e:
+                log.warning("could not revive toxiproxy", url=self._probe.url, error=str(e))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 
@@ -17,6 +19,7 @@ from chaos import (
     ToxiproxyServer,
     process_state,
 )
+from chaos.toxiproxy import ToxiproxyWatchdog
 
 
 @pytest.fixture
@@ -194,6 +197,45 @@ def test_server_stops_and_its_api_then_reports_unreachable(toxiproxy_binary) -> 
     assert process_state(pid) is None
     with pytest.raises(ToxiproxyError, match=r"unreachable .*is the server running"):
         ToxiproxyClient(url).version()
+
+
+def test_a_revived_server_keeps_its_api_port_and_proxies_without_their_toxics(
+    toxiproxy_binary, echo_server: EchoServer
+) -> None:
+    server = ToxiproxyServer(toxiproxy_binary).start()
+    try:
+        proxy = server.create_proxy("client->echo", upstream=echo_server.address)
+        proxy.add_toxic("latency", latency=5000)
+        old_pid, url, listen = server.pid, server.url, proxy.listen
+        server.revive(list(server.client.request("GET", "/proxies").values()))
+        assert server.pid != old_pid and process_state(old_pid) is None and server.url == url
+        back = server.client.proxy(proxy.name)
+        assert back.listen == listen and back.enabled and back.toxics() == []
+        t0 = time.monotonic()
+        round_trip(listen)  # through the same address, without the 5 s latency
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        server.stop()
+
+
+def test_the_watchdog_revives_a_server_whose_api_stays_stuck(toxiproxy_binary, echo_server: EchoServer) -> None:
+    server = ToxiproxyServer(toxiproxy_binary).start()
+    watchdog = ToxiproxyWatchdog(server, every_s=0.1, timeout_s=0.3, strikes=3).start()
+    try:
+        listen = server.create_proxy("client->echo", upstream=echo_server.address).listen
+        time.sleep(0.3)  # the watchdog has seen the proxy
+        stuck = server.pid
+        os.kill(stuck, signal.SIGSTOP)  # an API that never answers
+        deadline = time.monotonic() + 10
+        while watchdog.revivals == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watchdog.revivals == 1 and server.pid != stuck
+        assert process_state(stuck) is None
+        assert server.client.proxy("client->echo").listen == listen
+        round_trip(listen)
+    finally:
+        watchdog.stop()
+        server.stop()
 
 
 def test_missing_binary_names_the_install_script(tmp_path) -> None:

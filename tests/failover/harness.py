@@ -70,6 +70,14 @@ class Cluster:
             time.sleep(0.005)
         raise TimeoutError(f"no leader #{count} of {self.session} within {timeout} s; see {self.workdir}")
 
+    def wait_standby(self, timeout: float = 30.0) -> None:
+        """Until some controller stands by (it has opened the journal and found a leader)."""
+        deadline = time.monotonic() + timeout
+        while not any("standing by" in f.read_text() for f in self.workdir.glob(f"{self.session}.ctl*.log")):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no standby of {self.session} within {timeout} s\n{self.log_tail()}")
+            time.sleep(0.01)
+
     def log_of(self, pid: int) -> Path:
         n = self.procs.index(self.by_pid(pid))
         return self.workdir / f"{self.session}.ctl{n}.log"

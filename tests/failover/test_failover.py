@@ -96,6 +96,9 @@ def test_a_paused_primary_is_deposed_and_its_late_writes_are_refused(cluster_fac
     old_pid = c.wait_leader(1)
     old = c.by_pid(old_pid)
     c.wait_step(old_pid, 20)
+    # A standby still opening the SQLite file when the primary freezes inside a write
+    # would give up on the lock; one that stands by already only campaigns.
+    c.wait_standby()
     os.kill(old_pid, signal.SIGSTOP)
     try:
         new_pid = c.wait_leader(2, timeout=c.ttl + 8)
