@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import structlog
+import tenacity
 
 from .backend import Grant, Incumbent, parse_stored_holder, stored_holder
 from .batching import Batch
@@ -38,6 +39,10 @@ CREATE TABLE IF NOT EXISTS compacted (session TEXT PRIMARY KEY, body BLOB NOT NU
 _PAGE = 512
 
 
+def _locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
 class SqliteStore:
     """Backend over one SQLite file; a connection per thread, since sqlite3 objects are not shared."""
 
@@ -53,8 +58,16 @@ class SqliteStore:
         self._closed = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = self._conn()
-            conn.executescript(_SCHEMA)
+            # Two controllers opening one new file at once can get "database is locked" at
+            # once (SQLite skips its busy handler where waiting could deadlock): try again.
+            for attempt in tenacity.Retrying(
+                retry=tenacity.retry_if_exception(_locked),
+                wait=tenacity.wait_random_exponential(multiplier=0.01, max=0.2),
+                stop=tenacity.stop_after_delay(busy_timeout_s),
+                reraise=True,
+            ):
+                with attempt:
+                    self._conn().executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise JournalUnavailable(
                 f"cannot open the SQLite journal at {self.path}: {exc} "
@@ -69,14 +82,18 @@ class SqliteStore:
         if self._closed:
             raise JournalError(f"journal {self.url} is closed")
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        # WAL + NORMAL: a commit survives the process being killed (it is in the OS page
-        # cache) but not a power cut; REGENT_SQLITE_SYNC=FULL adds an fsync per commit.
-        # Short commits matter here: a writer paused (SIGSTOP) inside a transaction holds
-        # the file's write lock, and every standby waits until it resumes or dies.
-        sync = os.environ.get("REGENT_SQLITE_SYNC", "NORMAL").upper()
-        conn.execute(f"PRAGMA synchronous = {'FULL' if sync == 'FULL' else 'NORMAL'}")
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            # WAL + NORMAL: a commit survives the process being killed (it is in the OS page
+            # cache) but not a power cut; REGENT_SQLITE_SYNC=FULL adds an fsync per commit.
+            # Short commits matter here: a writer paused (SIGSTOP) inside a transaction holds
+            # the file's write lock, and every standby waits until it resumes or dies.
+            sync = os.environ.get("REGENT_SQLITE_SYNC", "NORMAL").upper()
+            conn.execute(f"PRAGMA synchronous = {'FULL' if sync == 'FULL' else 'NORMAL'}")
+        except sqlite3.Error:
+            conn.close()
+            raise
         self._local.conn = conn
         with self._lock:
             self._all.append(conn)
