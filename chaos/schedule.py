@@ -400,10 +400,6 @@ class _LinkWorker:
             self._jobs.append((index, fault, phase, job))
             self._cond.notify_all()
 
-    def idle(self) -> bool:
-        with self._cond:
-            return not self._jobs and not self._busy
-
     def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted job has run; False on timeout."""
         with self._cond:

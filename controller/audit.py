@@ -289,7 +289,7 @@ class AuditSession(Session):
         self._get_hook = self._get
         self._flush_hook = self.runtime.flush
         self._decode_hook = self._decode
-        self._observed_lsn = self._durable_seen = -1  # every outcome comes from the journal
+        self._observed_lsn = -1  # every outcome comes from the journal
         self._supervisor = _NoSupervisor()
         self._hosts = []
         self._actor_names = set()

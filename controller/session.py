@@ -146,7 +146,6 @@ class Session:
         self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead, max_delay_s=JOURNAL_LINGER_S)
         self._no_journal = isinstance(self.writer, NoWriter)
         self._observed_lsn = -1  # the last journaled outcome the program has read
-        self._durable_seen = -1  # ... and how far those are known durable
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         self.replaying = self._replay is not None and self._replay.max_seq >= 0
@@ -344,7 +343,7 @@ class Session:
 
     def _issue(self) -> int:
         self._check_live()
-        if self._observed_lsn > self._durable_seen:
+        if self._observed_lsn > self.writer.durable_lsn:
             self._await_observed()
         seq = self.core.issue()
         if self.replaying and seq > self._replay.max_seq:
@@ -362,7 +361,6 @@ class Session:
         call waits until every outcome the program has read is durable: a pipelined burst
         pays nothing, a read-then-call loop one journal commit per turn."""
         self.writer.wait_durable(self._observed_lsn)
-        self._durable_seen = self._observed_lsn
 
     def _observed(self, lsn: int) -> None:
         """The program has read an outcome journaled at `lsn` (-1: none, or already durable)."""
@@ -699,8 +697,7 @@ class Session:
         self._replay_timeout(seq, "call", timeout)
         if not self.runtime.wait_for(fut, timeout):
             self._time_out(seq, "call", timeout)
-        if fut.lsn > self._observed_lsn:
-            self._observed_lsn = fut.lsn
+        self._observed(fut.lsn)
 
     def _replay_timeout(self, seq: int, what: str, timeout: float | None) -> None:
         """Raise the TimeoutError the journal says the program saw next for this seq, if any."""

@@ -34,3 +34,25 @@ def _kill_host_agents(home: str) -> None:
 def _regent_home():
     yield Path(_HOME)
     _kill_host_agents(_HOME)
+
+
+@pytest.fixture()
+def own_home(tmp_path, monkeypatch):
+    """``own_home(**env)``: a REGENT_HOME of the test's own, with keys and the given
+    environment (so its own host agent, stopped at the end)."""
+    homes: list[Path] = []
+
+    def make(**env: str) -> Path:
+        from worker.security import init_keys
+
+        home = tmp_path / f"home{len(homes) or ''}"
+        monkeypatch.setenv("REGENT_HOME", str(home))
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        init_keys()
+        homes.append(home)
+        return home
+
+    yield make
+    for home in homes:
+        _kill_host_agents(str(home))

@@ -5,9 +5,6 @@ batch boundaries; nothing the program queued waits for a later call to go out.""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -19,7 +16,7 @@ from worker import Actor, endpoint
 from worker import _wire as wire
 from worker._wire import Kind
 from worker.errors import ProtocolError
-from worker.security import init_keys, load_credentials
+from worker.security import load_credentials
 from worker.transport import wait_until
 
 
@@ -117,17 +114,9 @@ def test_a_batch_inside_a_batch_is_refused():
 
 
 @pytest.fixture()
-def capped_home(tmp_path, monkeypatch):
+def capped_home(own_home):
     """A REGENT_HOME of its own with a 1 MiB message cap (and so its own host agent)."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("REGENT_HOME", str(home))
-    monkeypatch.setenv("REGENT_MAX_MESSAGE_BYTES", str(1 << 20))
-    init_keys()
-    yield home
-    try:
-        os.kill(json.loads((home / "host.json").read_text())["pid"], signal.SIGTERM)
-    except (OSError, ValueError, KeyError):
-        pass
+    return own_home(REGENT_MAX_MESSAGE_BYTES=str(1 << 20))
 
 
 def test_bad_batches_are_dropped_whole_and_the_proc_keeps_serving(capped_home):

@@ -118,12 +118,19 @@ def _retry(mesh, rank: int, timeout: float = 20.0):
             time.sleep(0.05)
 
 
+def _counters_then_kill_the_agent(s: Session, home: Path, procs: int):
+    """A supervised Counter on each of `procs` procs, then SIGKILL of the host agent.
+    Returns the mesh, the procs' pids and the dead agent's host.json record."""
+    mesh = s.spawn_procs(per_host={"procs": procs}).spawn("c", Counter, restart=RestartPolicy(restart="permanent"))
+    pids = [pid for pid, _, _ in mesh.incr.call().get(timeout=10).values()]
+    dead = _agent(home)
+    os.kill(dead["pid"], signal.SIGKILL)
+    return mesh, pids, dead
+
+
 def test_a_sigkilled_host_agent_is_replaced_at_its_address_and_supervises_the_procs_it_left(home):
     with Session("agent-restart", journal="off") as s:
-        mesh = s.spawn_procs(per_host={"procs": 3}).spawn("c", Counter, restart=RestartPolicy(restart="permanent"))
-        pids = [pid for pid, _, _ in mesh.incr.call().get(timeout=10).values()]
-        dead = _agent(home)
-        os.kill(dead["pid"], signal.SIGKILL)
+        mesh, pids, dead = _counters_then_kill_the_agent(s, home, 3)
         # Calls go straight to the procs: they flow while the agent is replaced.
         calls = 1
         deadline = time.monotonic() + 10
@@ -165,10 +172,7 @@ def test_a_sigkilled_host_agent_is_replaced_at_its_address_and_supervises_the_pr
 
 def test_a_proc_that_dies_while_no_host_agent_runs_is_reported_by_the_new_one_and_restarted(home):
     with Session("agent-restart-gap", journal="off") as s:
-        mesh = s.spawn_procs(per_host={"procs": 2}).spawn("c", Counter, restart=RestartPolicy(restart="permanent"))
-        pids = [pid for pid, _, _ in mesh.incr.call().get(timeout=10).values()]
-        dead = _agent(home)
-        os.kill(dead["pid"], signal.SIGKILL)
+        mesh, pids, dead = _counters_then_kill_the_agent(s, home, 2)
         os.kill(pids[0], signal.SIGKILL)  # before any new agent can adopt it: nobody saw it die
         _successor(home, dead)
         (pid, incarnation, n), _ = _retry(mesh, 0, timeout=30)

@@ -3,9 +3,6 @@ cluster's CURVE keys, are refused; the proc keeps serving its real controller.""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import time
 
 import pytest
@@ -16,7 +13,7 @@ from tests.runtime.rawpeer import RawPeer
 from worker import Actor, endpoint
 from worker import _wire as wire
 from worker._wire import Kind
-from worker.security import Credentials, init_keys, is_loopback, load_credentials, secure_server
+from worker.security import Credentials, is_loopback, load_credentials, secure_server
 
 
 class Echo(Actor):
@@ -26,18 +23,9 @@ class Echo(Actor):
 
 
 @pytest.fixture()
-def secure_home(tmp_path, monkeypatch):
+def secure_home(own_home):
     """A separate REGENT_HOME with CURVE on and a 1 MiB message cap: its own host agent."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("REGENT_HOME", str(home))
-    monkeypatch.setenv("REGENT_SECURE", "1")
-    monkeypatch.setenv("REGENT_MAX_MESSAGE_BYTES", str(1 << 20))
-    init_keys()
-    yield home
-    try:
-        os.kill(json.loads((home / "host.json").read_text())["pid"], signal.SIGTERM)
-    except (OSError, ValueError, KeyError):
-        pass
+    return own_home(REGENT_SECURE="1", REGENT_MAX_MESSAGE_BYTES=str(1 << 20))
 
 
 def _still_serves(mesh) -> None:
