@@ -27,7 +27,15 @@ from worker import _wire as wire
 from worker._wire import Kind
 from worker.errors import ProtocolError
 from worker.security import load_credentials, stop_authenticator
-from worker.transport import BATCH_MAX_AGE_S, Inbox, Outbox, Peer, PeerGone
+from worker.transport import (
+    BATCH_MAX_AGE_S,
+    Inbox,
+    Outbox,
+    Peer,
+    PeerGone,
+    spin_budget_s,
+    spin_until_readable,
+)
 
 log = structlog.get_logger("regent.controller")
 
@@ -80,6 +88,7 @@ class Runtime:
         self.lock = threading.Lock()  # guards core
         self._drive = threading.Lock()  # whoever holds it reads the inbox
         self._want_lock = threading.Lock()
+        self._spin_s = spin_budget_s()
         self._wanted = 0  # program threads reading the inbox themselves
         self.ctx = zmq.Context()
         self.creds = load_credentials()
@@ -230,6 +239,7 @@ class Runtime:
                 if self._stop.is_set() or not self._drive.acquire(timeout=0.002):
                     continue
                 try:
+                    self._spin(fut, deadline)
                     while not fut.done():
                         remaining = None if deadline is None else deadline - time.monotonic()
                         if remaining is not None and remaining <= 0:
@@ -244,6 +254,17 @@ class Runtime:
         finally:
             with self._want_lock:
                 self._wanted -= 1
+
+    def _spin(self, fut: Future, deadline: float | None) -> None:
+        """Busy-poll the inbox for the result, up to the spin budget (transport.spin_budget_s)
+        and the caller's deadline, before wait_for sleeps in poll. Caller holds the drive lock."""
+        budget = self._spin_s
+        if deadline is not None:
+            budget = min(budget, deadline - time.monotonic())
+        until = time.perf_counter() + budget
+        while not fut.done() and budget > 0 and spin_until_readable(self.inbox.sock, budget):
+            self._drain()
+            budget = until - time.perf_counter()
 
     def _handle(self, frames: list) -> None:
         try:

@@ -41,12 +41,21 @@ from worker.errors import ActorExit, DivergenceError, ProtocolError
 from worker.fencing import EpochFence
 from worker.host import ensure_local_host
 from worker.security import load_credentials, stop_authenticator
-from worker.transport import Inbox, Outbox, max_message_bytes, valid_address
+from worker.transport import (
+    Inbox,
+    Outbox,
+    max_message_bytes,
+    readable,
+    spin_budget_s,
+    spin_until_readable,
+    valid_address,
+)
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
 
 ADOPT_ACK_TIMEOUT_S = 3.0
+READ_SLICE_S = 0.005  # the longest the reader spins for more calls before the loop runs again
 
 
 @dataclass
@@ -100,6 +109,8 @@ class ProcRuntime:
         self.pending: dict[str, collections.deque] = {}
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
         self._reading = False
+        self._spin_s = spin_budget_s()
+        self._async_running = 0  # async endpoint calls in flight: the loop must run them
         self._rt_checked = ""  # the last reply address found valid
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = asyncio.new_event_loop()
@@ -254,18 +265,27 @@ class ProcRuntime:
     # --- receiving ---------------------------------------------------------------
 
     def _on_readable(self) -> None:
+        """Handle what the inbox holds, then spin briefly for the next call (see
+        transport.spin_budget_s) unless an async endpoint or a backlog needs the loop;
+        after READ_SLICE_S of spinning the loop gets its turn (timers, tasks, signals)."""
         sock = self.inbox.sock
         self._reading = True
+        started = time.perf_counter()
         try:
-            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
+            while True:
+                while readable(sock):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._handle(frames)
+                    # A batch in, a batch out: under a steady stream of calls the inbox is never
+                    # empty, and replies held until it is would all arrive at the very end.
+                    self._flush_out()
+                if (not self._spin_s or self._async_running or self.pending
+                        or time.perf_counter() - started > READ_SLICE_S
+                        or not spin_until_readable(sock, self._spin_s)):
                     break
-                self._handle(frames)
-                # A batch in, a batch out: under a steady stream of calls the inbox is never
-                # empty, and replies held until it is would all arrive at the very end.
-                self._flush_out()
         finally:
             self._reading = False
             self._flush_out()
@@ -387,6 +407,7 @@ class ProcRuntime:
             seq, point, method, payload = slot.mailbox.popleft()
             fn, is_async = slot.endpoint(method)
             if is_async:
+                self._async_running += 1
                 self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload))
                 return
             token = _current.set(slot.ctx)
@@ -422,6 +443,7 @@ class ProcRuntime:
             self._finish_value(seq, slot.name, point, value)
         finally:
             _current.reset(token)
+            self._async_running -= 1
         self._drain(slot)
 
     def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit) -> None:
