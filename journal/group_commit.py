@@ -2,7 +2,10 @@
 
 `submit` frames a record and hands back its lsn at once; one background thread owned by the
 writer appends whatever has accumulated in one go. Records that nobody waits for linger up
-to `max_delay_s` to fill a batch; a waiter on durability makes the thread flush immediately.
+to `max_delay_s` to fill a batch. A waiter on durability appends the pending records itself
+when no append is under way (no hand-off to the thread and back, which costs more than a
+local SQLite commit), or else makes the thread flush as soon as its append is done. One
+append runs at a time, so records reach the store in lsn order.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class GroupCommitWriter:
         self._next_lsn = lead.next_lsn
         self._durable = lead.next_lsn - 1
         self._urgent_upto = -1
+        self._appending = False  # an append (by the thread or a waiter) is under way
         self._error: BaseException | None = None
         self._closing = False
         self._thread = threading.Thread(
@@ -86,25 +90,33 @@ class GroupCommitWriter:
         return lsn
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
-        """Block until record `lsn` is durable; raise the append error if the write failed."""
+        """Block until record `lsn` is durable; raise the append error if the write failed.
+
+        Without a timeout, the waiter appends pending records itself whenever no append is
+        under way; with one, it leaves the append (which may retry for longer) to the thread."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             if lsn >= self._next_lsn:
                 raise ValueError(f"lsn {lsn} was never submitted (next lsn is {self._next_lsn})")
-            if lsn <= self._durable:
-                return
-            self._urgent_upto = max(self._urgent_upto, lsn)
-            self._cond.notify_all()
-            while lsn > self._durable:
+        while True:
+            with self._cond:
+                if lsn <= self._durable:
+                    return
                 if self._error is not None:
                     raise self._error
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(
-                        f"lsn {lsn} of session {self._lead.session!r} not durable after "
-                        f"{timeout:g}s (durable up to {self._durable})"
-                    )
-                self._cond.wait(remaining)
+                taken = self._take_locked() if timeout is None and not self._appending else None
+                if taken is None:
+                    self._urgent_upto = max(self._urgent_upto, lsn)
+                    self._cond.notify_all()
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(
+                            f"lsn {lsn} of session {self._lead.session!r} not durable after "
+                            f"{timeout:g}s (durable up to {self._durable})"
+                        )
+                    self._cond.wait(remaining)
+                    continue
+            self._append(*taken)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every submitted record is durable; return the last lsn (-1 if none)."""
@@ -151,48 +163,67 @@ class GroupCommitWriter:
             log.debug("writer close failed while handling another error")
 
     def _take(self) -> tuple[int, list[bytes]] | None:
+        """The thread's next append: pending records once a batch fills, a waiter asks, or
+        the oldest has lingered max_delay_s. None when closed or failed."""
         with self._cond:
-            while not self._pending:
-                if self._closing:
+            while True:
+                if self._error is not None:
                     return None
-                self._cond.wait()
-            while (
-                len(self._pending) < self._max_batch
-                and self._urgent_upto < self._pending_first
-                and not self._closing
-            ):
+                if not self._pending or self._appending:
+                    if self._closing and not self._appending:
+                        return None
+                    self._cond.wait()
+                    continue
+                if (
+                    len(self._pending) >= self._max_batch
+                    or self._urgent_upto >= self._pending_first
+                    or self._closing
+                ):
+                    break
                 remaining = self._first_pending_at + self._max_delay_s - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            first = self._pending_first
-            frames = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
-            self._pending_first = first + len(frames)
-            if self._pending:
-                self._first_pending_at = time.monotonic()
-            return first, frames
+            return self._take_locked()
+
+    def _take_locked(self) -> tuple[int, list[bytes]] | None:
+        """Claim the next append (up to max_batch pending records). Caller holds the lock."""
+        if not self._pending:
+            return None
+        self._appending = True
+        first = self._pending_first
+        frames = self._pending[: self._max_batch]
+        del self._pending[: self._max_batch]
+        self._pending_first = first + len(frames)
+        if self._pending:
+            self._first_pending_at = time.monotonic()
+        return first, frames
+
+    def _append(self, first: int, frames: list[bytes]) -> None:
+        """Write a claimed batch (without the lock), then publish the outcome to everyone."""
+        try:
+            last = self._lead.append_frames(first, frames)
+        except BaseException as exc:
+            log.warning(
+                "group commit failed",
+                session=self._lead.session,
+                lsn=first,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            with self._cond:
+                self._error = exc
+                self._pending.clear()
+                self._appending = False
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._durable = last
+            self._appending = False
+            self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
             taken = self._take()
             if taken is None:
                 return
-            first, frames = taken
-            try:
-                last = self._lead.append_frames(first, frames)
-            except BaseException as exc:
-                log.warning(
-                    "group commit failed",
-                    session=self._lead.session,
-                    lsn=first,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-                with self._cond:
-                    self._error = exc
-                    self._pending.clear()
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                self._durable = last
-                self._cond.notify_all()
+            self._append(*taken)

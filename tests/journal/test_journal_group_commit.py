@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -110,4 +111,81 @@ def test_a_writer_checkpoint_covers_everything_submitted_before_it(journal: Jour
     assert journal.compact(session) == 10
     assert [r.lsn for r in journal.read(session)] == [10]
     assert journal.verify(session).ok
+    lead.close()
+
+
+class _Recording:
+    """A Leadership stand-in that records which thread ran each append (and can stall one)."""
+
+    session = "recording"
+    epoch = 1
+    next_lsn = 0
+
+    def __init__(self) -> None:
+        self.appends: list[tuple[str, int, int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()
+        self.next = 0
+
+    def append_frames(self, first: int, frames: list[bytes]) -> int:
+        self.gate.wait()
+        with self.lock:
+            assert first == self.next, f"append at {first}, expected {self.next}: two appends raced"
+            self.next = first + len(frames)
+            self.appends.append((threading.current_thread().name, first, len(frames)))
+        return first + len(frames) - 1
+
+
+def test_a_waiter_appends_pending_records_itself_when_no_append_is_under_way():
+    lead = _Recording()
+    # A long linger: only a waiter can make these durable before close.
+    with GroupCommitWriter(lead, max_delay_s=30.0) as writer:  # type: ignore[arg-type]
+        writer.submit("call", {"i": 0})
+        lsn = writer.submit("call", {"i": 1})
+        writer.wait_durable(lsn)
+        assert lead.appends == [(threading.current_thread().name, 0, 2)]
+        # With a deadline, the waiter leaves the append to the writer's thread.
+        lsn = writer.submit("call", {"i": 2})
+        writer.wait_durable(lsn, timeout=5)
+        assert lead.appends[-1][0].startswith("journal-group-commit")
+
+
+def test_a_waiter_waits_for_an_append_under_way_then_finishes_what_is_left():
+    lead = _Recording()
+    with GroupCommitWriter(lead, max_batch=4, max_delay_s=0.0) as writer:  # type: ignore[arg-type]
+        lead.gate.clear()  # the thread's next append stalls
+        writer.submit("call", {"i": 0})
+        deadline = time.monotonic() + 5
+        while not writer._appending and time.monotonic() < deadline:  # the thread has claimed it
+            time.sleep(0.001)
+        lsns = [writer.submit("call", {"i": i}) for i in range(1, 10)]
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (writer.wait_durable(lsns[-1]), done.set()))
+        waiter.start()
+        assert not done.wait(0.2), "durable while the append before it was stalled"
+        lead.gate.set()
+        assert done.wait(5)
+        waiter.join()
+    assert [(first, n) for _, first, n in lead.appends][0] == (0, 1)
+    assert sum(n for _, _, n in lead.appends) == 10
+
+
+def test_many_threads_submitting_and_waiting_keep_lsn_order(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    with GroupCommitWriter(lead, max_batch=8) as writer:
+
+        def produce(t: int) -> None:
+            for i in range(200):
+                writer.wait_durable(writer.submit("call", {"t": t, "i": i}))
+
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    records = list(journal.read(session))
+    assert [r.lsn for r in records] == list(range(800))
+    for t in range(4):
+        assert [r.data["i"] for r in records if r.data["t"] == t] == list(range(200))
     lead.close()
