@@ -30,7 +30,11 @@ class DedupeCache:
     """Keyed by (seq, actor): one call id reaches each actor of a mesh once."""
 
     def __init__(self) -> None:
+        # Insertion order is seq order while `_ordered` holds (one controller sends its
+        # calls in seq order), so a watermark stops at the first entry above it.
         self._entries: dict[tuple[int, str], _Entry] = {}
+        self._ordered = True
+        self._last_seq = -1
         self.durable_seq = -1  # results at or below may go if small
         self.checkpoint_seq = -1  # results at or below may go whatever their size
         self.hits = 0
@@ -52,6 +56,10 @@ class DedupeCache:
                     "released, so it is not run again; answer it from the journal"
                 )
             self._entries[key] = _Entry(digest, [reply_to])
+            if seq < self._last_seq:
+                self._ordered = False  # e.g. a new leader resending older calls
+            else:
+                self._last_seq = seq
             return "run", None
         if entry.digest != digest:
             raise DivergenceError(
@@ -81,20 +89,29 @@ class DedupeCache:
             del self._entries[key]
 
     def watermark(self, durable_seq: int, checkpoint_seq: int) -> int:
-        """Release results no replay can need; returns how many were dropped."""
+        """Release results no replay can need; returns how many were dropped.
+
+        Looks only at entries up to the watermark while they are in seq order (so its
+        cost follows what is released, not what is cached); after out-of-order calls it
+        looks at every entry once and puts them back in order."""
         self.durable_seq = max(self.durable_seq, durable_seq)
         self.checkpoint_seq = max(self.checkpoint_seq, checkpoint_seq)
-        drop = [
-            k
-            for k, e in self._entries.items()
-            if e.done
-            and (
-                k[0] <= self.checkpoint_seq
-                or (k[0] <= self.durable_seq and e.size < LARGE_RESULT_BYTES)
-            )
-        ]
+        mark = max(self.durable_seq, self.checkpoint_seq)
+        ordered = self._ordered
+        drop = []
+        for k, e in self._entries.items():
+            if k[0] > mark:
+                if ordered:
+                    break
+                continue
+            if e.done and (k[0] <= self.checkpoint_seq or e.size < LARGE_RESULT_BYTES):
+                drop.append(k)
         for k in drop:
             del self._entries[k]
+        if not ordered:
+            self._entries = dict(sorted(self._entries.items(), key=lambda kv: kv[0][0]))
+            self._ordered = True
+            self._last_seq = max((k[0] for k in self._entries), default=self._last_seq)
         return len(drop)
 
     def __len__(self) -> int:
