@@ -68,6 +68,7 @@ DEFAULT_LEASE_TTL_S = 2.0
 # program must see durable first are written at once; the rest (call records, plain results)
 # lose nothing by waiting: a takeover sends an unjournaled call again and the worker dedupes it.
 JOURNAL_LINGER_S = 0.01
+PROC_TUNING_ENV = ("REGENT_SPIN_US",)  # passed from the controller's environment to its procs
 
 
 class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
@@ -523,7 +524,9 @@ class Session:
             listing = jc.procs
         else:
             listing = []
-            envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim} for i in range(count)]
+            # The session's own tuning reaches its procs even through an agent started earlier.
+            tuning = {k: os.environ[k] for k in PROC_TUNING_ENV if k in os.environ}
+            envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim, **tuning} for i in range(count)]
             for host in hosts:
                 reply = self.runtime.host_request(
                     host, "spawn_procs", s=seq, count=count, envs=envs, path=_sys_path())

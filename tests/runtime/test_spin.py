@@ -95,3 +95,18 @@ def test_a_proc_loop_runs_its_tasks_while_calls_keep_the_reader_spinning(own_hom
             calls += 1
     assert calls > 100
     assert last - first >= 20, f"the actor's task ticked {last - first} times in 0.8 s of calls"
+
+
+class Env(Actor):
+    @endpoint
+    def get(self, key: str) -> str | None:
+        return os.environ.get(key)
+
+
+def test_the_sessions_spin_setting_reaches_its_procs_through_a_running_agent(monkeypatch):
+    with Session("spin-env-default") as s:  # starts (or reuses) the agent without the setting
+        s.this_host().spawn_procs(per_host={"procs": 1}).spawn("env", Env)
+    monkeypatch.setenv("REGENT_SPIN_US", "0")
+    with Session("spin-env-set") as s:
+        env = s.this_host().spawn_procs(per_host={"procs": 1}).spawn("env", Env)
+        assert env.get.call_one("REGENT_SPIN_US").get() == "0"
