@@ -29,11 +29,12 @@ def spin_budget_s() -> float:
     for a result, a proc after it has answered, for the next call.
 
     Waking a thread asleep in poll costs tens of microseconds on a VM, and a round trip
-    has such a wake-up on each side. On the 2-core bench machine a bare pyzmq round trip
-    with 30 us of work per side takes 96 us p50 with sleeping readers and 58 us with
-    readers that spin and yield the CPU between looks (without yielding, the spinners
-    starve zmq's IO threads: p90 276 us). The budget bounds the CPU a reader burns
-    before it sleeps: a long call costs its waiter at most that much."""
+    has such a wake-up on each side. On the 2-core bench machine (bench/bench_wakeups.py)
+    a bare pyzmq round trip with 30 us of work per side takes 123 us p50 / 211 us p99 with
+    sleeping readers and 94 / 126 us with readers that spin and yield the CPU between
+    looks; without yielding, the spinners at times starve zmq's IO threads (p90 up to
+    333 us). The budget bounds the CPU a reader burns before it sleeps: a long call costs
+    its waiter at most that much."""
     raw = os.environ.get("REGENT_SPIN_US", "")
     try:
         us = float(raw) if raw else DEFAULT_SPIN_US
