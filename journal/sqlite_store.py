@@ -216,11 +216,16 @@ class SqliteStore:
 
     def put_batches(self, grant: Grant, batches: list[Batch]) -> None:
         with self._write() as conn:
-            self._check_leader(conn, grant, "append")
-            conn.execute(
-                "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? AND epoch = ?",
-                (time.time() + grant.ttl_s, grant.session, grant.stored_holder, grant.epoch),
-            )
+            # The fence and the lease renewal in one statement: only a live lease of ours
+            # matches (the SELECT that explains a refusal runs only then).
+            now = time.time()
+            renewed = conn.execute(
+                "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? AND epoch = ?"
+                " AND expires_at > ?",
+                (now + grant.ttl_s, grant.session, grant.stored_holder, grant.epoch, now),
+            ).rowcount
+            if renewed != 1:
+                self._check_leader(conn, grant, "append")
             for batch in batches:
                 try:
                     conn.execute(
