@@ -2,10 +2,7 @@
 
 `submit` frames a record and hands back its lsn at once; one background thread owned by the
 writer appends whatever has accumulated in one go. Records that nobody waits for linger up
-to `max_delay_s` to fill a batch. A waiter on durability appends the pending records itself
-when no append is under way (no hand-off to the thread and back, which costs more than a
-local SQLite commit), or else makes the thread flush as soon as its append is done. One
-append runs at a time, so records reach the store in lsn order.
+to `max_delay_s` to fill a batch; a waiter on durability makes the thread flush immediately.
 """
 
 from __future__ import annotations
@@ -45,9 +42,6 @@ class GroupCommitWriter:
         self._next_lsn = lead.next_lsn
         self._durable = lead.next_lsn - 1
         self._urgent_upto = -1
-        # The append under way, by the thread or a waiter: (owner thread id, first lsn,
-        # frames), one attribute so that claiming it is a single step; None when idle.
-        self._claim: tuple[int, int, list[bytes]] | None = None
         self._error: BaseException | None = None
         self._closing = False
         self._thread = threading.Thread(
@@ -92,41 +86,25 @@ class GroupCommitWriter:
         return lsn
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
-        """Block until record `lsn` is durable; raise the append error if the write failed.
-
-        Without a timeout, the waiter appends pending records itself whenever no append is
-        under way; with one, it leaves the append (which may retry for longer) to the thread."""
+        """Block until record `lsn` is durable; raise the append error if the write failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             if lsn >= self._next_lsn:
                 raise ValueError(f"lsn {lsn} was never submitted (next lsn is {self._next_lsn})")
-        me = threading.get_ident()
-        while True:
-            try:
-                with self._cond:
-                    if lsn <= self._durable:
-                        return
-                    if self._error is not None:
-                        raise self._error
-                    if timeout is not None or self._claim is not None or not self._pending:
-                        self._urgent_upto = max(self._urgent_upto, lsn)
-                        self._cond.notify_all()
-                        remaining = None if deadline is None else deadline - time.monotonic()
-                        if remaining is not None and remaining <= 0:
-                            raise TimeoutError(
-                                f"lsn {lsn} of session {self._lead.session!r} not durable after "
-                                f"{timeout:g}s (durable up to {self._durable})"
-                            )
-                        self._cond.wait(remaining)
-                        continue
-                    self._claim_locked(me)
-                self._append_claim()
-            except BaseException:
-                # Whatever it is (a store error, a timeout, or an exception a signal handler
-                # raised here, Ctrl-C or a hand-off), an append this thread claimed and did
-                # not finish goes back to the queue, so the writer can still flush and close.
-                self._release_claim(me)
-                raise
+            if lsn <= self._durable:
+                return
+            self._urgent_upto = max(self._urgent_upto, lsn)
+            self._cond.notify_all()
+            while lsn > self._durable:
+                if self._error is not None:
+                    raise self._error
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"lsn {lsn} of session {self._lead.session!r} not durable after "
+                        f"{timeout:g}s (durable up to {self._durable})"
+                    )
+                self._cond.wait(remaining)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every submitted record is durable; return the last lsn (-1 if none)."""
@@ -172,99 +150,49 @@ class GroupCommitWriter:
             # The exception already propagating explains more than a follow-on failure.
             log.debug("writer close failed while handling another error")
 
-    def _take(self) -> bool:
-        """Claim the thread's next append: pending records once a batch fills, a waiter
-        asks, or the oldest has lingered max_delay_s. False when closed or failed."""
+    def _take(self) -> tuple[int, list[bytes]] | None:
         with self._cond:
-            while True:
-                if self._error is not None:
-                    return False
-                if not self._pending or self._claim is not None:
-                    if self._closing and self._claim is None:
-                        return False
-                    self._cond.wait()
-                    continue
-                if (
-                    len(self._pending) >= self._max_batch
-                    or self._urgent_upto >= self._pending_first
-                    or self._closing
-                ):
-                    break
+            while not self._pending:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            while (
+                len(self._pending) < self._max_batch
+                and self._urgent_upto < self._pending_first
+                and not self._closing
+            ):
                 remaining = self._first_pending_at + self._max_delay_s - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            self._claim_locked(threading.get_ident())
-            return True
-
-    def _claim_locked(self, owner: int) -> None:
-        """Claim the next append (up to max_batch pending records). Caller holds the lock.
-
-        The claim is published before the records leave the queue, and the three stores
-        below make no call (CPython runs a signal handler only at calls and loop jumps), so
-        _release_claim finds the queue either untouched or fully advanced."""
-        first = self._pending_first
-        frames = self._pending[: self._max_batch]
-        n = len(frames)
-        self._claim = (owner, first, frames)
-        del self._pending[:n]
-        self._pending_first = first + n
-        if self._pending:
-            self._first_pending_at = time.monotonic()
-
-    def _append_claim(self) -> None:
-        """Write the caller's claimed batch (without the lock), then publish the outcome.
-        A store error fails the writer; any other BaseException propagates with the claim
-        still held, for the caller to release."""
-        claim = self._claim
-        assert claim is not None and claim[0] == threading.get_ident()
-        _, first, frames = claim
-        try:
-            last = self._lead.append_frames(first, frames)
-        except Exception as exc:
-            log.warning(
-                "group commit failed",
-                session=self._lead.session,
-                lsn=first,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            with self._cond:
-                self._error = exc
-                self._pending.clear()
-                self._claim = None
-                self._cond.notify_all()
-            return
-        with self._cond:
-            self._durable = max(self._durable, last)
-            self._claim = None
-            self._cond.notify_all()
-
-    def _release_claim(self, owner: int) -> None:
-        """Undo what is left of `owner`'s claim after an exception cut its append short:
-        what the leadership has written counts as durable, the rest goes back to the head of
-        the queue. Writing that rest again is safe even if it did reach the store: both
-        stores accept a batch already written with the same bytes."""
-        with self._cond:
-            claim = self._claim
-            if claim is not None and claim[0] == owner:
-                _, first, frames = claim
-                written = self._lead.next_lsn  # the first lsn not yet written, as far as is known
-                done = min(max(written - first, 0), len(frames))
-                if self._pending_first == first:  # claimed, but still at the head of the queue
-                    del self._pending[:done]
-                else:
-                    self._pending[:0] = frames[done:]
-                self._pending_first = first + done
-                if done:
-                    self._durable = max(self._durable, first + done - 1)
-                if self._pending:
-                    self._first_pending_at = time.monotonic()
-                self._claim = None
-                if self._error is None:
-                    log.info("a journal append was cut short; its unwritten records stay queued",
-                             session=self._lead.session, lsn=first, written=done, of=len(frames))
-            self._cond.notify_all()
+            first = self._pending_first
+            frames = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            self._pending_first = first + len(frames)
+            if self._pending:
+                self._first_pending_at = time.monotonic()
+            return first, frames
 
     def _run(self) -> None:
-        while self._take():
-            self._append_claim()
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            first, frames = taken
+            try:
+                last = self._lead.append_frames(first, frames)
+            except BaseException as exc:
+                log.warning(
+                    "group commit failed",
+                    session=self._lead.session,
+                    lsn=first,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                with self._cond:
+                    self._error = exc
+                    self._pending.clear()
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._durable = last
+                self._cond.notify_all()
