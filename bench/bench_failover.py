@@ -566,9 +566,16 @@ def _figure(res: dict[str, Any], path: str) -> float | None:
     return cur if isinstance(cur, int | float) else None
 
 
+# Which part of the bench measures each figure (a part left out with --only is not a miss).
+_PART_OF = {"failover_sigkill": "failover", "handoff_sigterm": "failover",
+            "journal_overhead": "overhead", "replay": "replay"}
+
+
 def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for path, op, bound in TARGETS:
+        if _PART_OF[path.split(".")[0]] not in report.get("parts", PARTS):
+            continue
         value = _figure(report, path)
         met = value is not None and (value <= bound if op == "<=" else value >= bound)
         rows.append({"figure": path, "target": f"{op} {bound:g}", "value": value, "met": met})
@@ -682,11 +689,16 @@ def run_campaigns(journals: dict[str, str], repeats: int) -> dict[str, Any]:
     return out
 
 
-def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool) -> dict[str, Any]:
+PARTS = ("failover", "overhead", "replay")
+
+
+def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool,
+          parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     started = time.perf_counter()
     rng = random.Random(seed)
     report: dict[str, Any] = {"bench": "failover", "quick": quick, "machine": machine(),
-                              "tree": source_tree(), "sizes": asdict(sizes), "seed": seed}
+                              "tree": source_tree(), "sizes": asdict(sizes), "seed": seed,
+                              "parts": list(parts)}
     work = Path(tempfile.mkdtemp(prefix="regent-bench-failover-"))
     programs = Programs(work)
     with (private_regent_home(), etcd_server() as etcd,
@@ -702,28 +714,31 @@ def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool) -> dict[str,
             kill += [Scenario("sqlite_ttl1", sqlite_url, 1.0, signal.SIGKILL),
                      Scenario("sqlite_ttl2", sqlite_url, 2.0, signal.SIGKILL)]
             term.append(Scenario("sqlite", sqlite_url, 2.0, signal.SIGTERM))
-            note(f"failover after SIGKILL: {sizes.runs} runs of {[s.name for s in kill]}")
-            report["failover_sigkill"] = run_failovers(programs, kill, sizes, rng)
-            note(f"hand-off after SIGTERM: {sizes.runs} runs of {[s.name for s in term]}")
-            report["handoff_sigterm"] = run_failovers(programs, term, sizes, rng)
-            note("campaign for a free session, and resign, in this process")
-            report["campaign"] = run_campaigns({s.name: s.journal for s in term}, 10)
-            journals = {"off": "off", "sqlite": f"sqlite://{work / 'overhead.db'}"}
-            if etcd is not None:
-                journals["etcd"] = etcd.url
-            note(f"journal overhead: {list(journals)}")
-            etcd_pid = etcd.proc.pid if etcd is not None and etcd.proc is not None else None
-            report["journal_overhead"] = run_overhead(journals, sizes, etcd_pid)
-            note("floor: bare pyzmq round trip, for reading the call figures on this machine")
-            report["journal_overhead"]["floor"] = run_floor(FloorSizes.quick())
-            replay_on = {"sqlite": f"sqlite://{work / 'replay.db'}"}
-            if etcd is not None:
-                replay_on["etcd"] = etcd.url
-            report["replay"] = {}
-            for backend, url in replay_on.items():
-                note(f"replay on {backend}: read-and-match {sizes.replay_calls} calls, "
-                     f"standby replays of {list(sizes.standby_calls)} calls")
-                report["replay"][backend] = run_replay(programs, backend, url, sizes)
+            if "failover" in parts:
+                note(f"failover after SIGKILL: {sizes.runs} runs of {[s.name for s in kill]}")
+                report["failover_sigkill"] = run_failovers(programs, kill, sizes, rng)
+                note(f"hand-off after SIGTERM: {sizes.runs} runs of {[s.name for s in term]}")
+                report["handoff_sigterm"] = run_failovers(programs, term, sizes, rng)
+                note("campaign for a free session, and resign, in this process")
+                report["campaign"] = run_campaigns({s.name: s.journal for s in term}, 10)
+            if "overhead" in parts:
+                journals = {"off": "off", "sqlite": f"sqlite://{work / 'overhead.db'}"}
+                if etcd is not None:
+                    journals["etcd"] = etcd.url
+                note(f"journal overhead: {list(journals)}")
+                etcd_pid = etcd.proc.pid if etcd is not None and etcd.proc is not None else None
+                report["journal_overhead"] = run_overhead(journals, sizes, etcd_pid)
+                note("floor: bare pyzmq round trip, for reading the call figures on this machine")
+                report["journal_overhead"]["floor"] = run_floor(FloorSizes.quick())
+            if "replay" in parts:
+                replay_on = {"sqlite": f"sqlite://{work / 'replay.db'}"}
+                if etcd is not None:
+                    replay_on["etcd"] = etcd.url
+                report["replay"] = {}
+                for backend, url in replay_on.items():
+                    note(f"replay on {backend}: read-and-match {sizes.replay_calls} calls, "
+                         f"standby replays of {list(sizes.standby_calls)} calls")
+                    report["replay"][backend] = run_replay(programs, backend, url, sizes)
         finally:
             programs.close()
     failed = any("errors" in f for part in ("failover_sigkill", "handoff_sigterm")
@@ -757,6 +772,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=3, help="seed of the kill-time jitter")
     p.add_argument("--keep-workdir", action="store_true",
                    help="keep the controllers' logs and marks (kept anyway when a run failed)")
+    p.add_argument("--only", choices=PARTS, action="append",
+                   help="run only this part (repeatable): failover (SIGKILL and SIGTERM), overhead "
+                        "(the journal on the call path), replay")
     p.add_argument("--json-out", type=Path, help="also write the JSON report to this file")
     a = p.parse_args(argv)
     sizes = Sizes.quick() if a.quick else Sizes()
@@ -769,7 +787,8 @@ def main(argv: list[str] | None = None) -> None:
         sizes = Sizes(**{**asdict(sizes), "standby_calls": calls})
     # In-process sessions (the overhead figure) log at WARNING; the programs keep INFO.
     os.environ.setdefault("REGENT_LOG_LEVEL", "WARNING")
-    run_and_report(lambda: bench(sizes, a.quick, a.seed, a.keep_workdir), summary, a.json_out)
+    parts = tuple(a.only) if a.only else PARTS
+    run_and_report(lambda: bench(sizes, a.quick, a.seed, a.keep_workdir, parts), summary, a.json_out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import runpy
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +170,7 @@ class _NoWrites:
 
     durable_lsn = -1
 
-    def submit(self, kind: str, data: dict) -> int:
+    def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int:
         raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
@@ -317,8 +317,8 @@ class AuditSession(Session):
                 self._diverge(seq, jc, None)
                 raise NonDeterminismError(seq, jc.describe(), "no further call: the program ended")
 
-    def _issue(self) -> int:
-        seq = self.core.issue()
+    def _issue(self, to: Collection[str] | None = None, *, self_durable: bool = False) -> int:
+        seq = self.core.issue()  # nothing is written: there is nothing to wait for
         self._ctx.progress(seq)
         return seq
 

@@ -53,7 +53,7 @@ class NoWriter:
         self._lsn = itertools.count()
         self.durable_lsn = -1
 
-    def submit(self, kind: str, data: dict) -> int:
+    def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int:
         self.durable_lsn = next(self._lsn)
         return self.durable_lsn
 

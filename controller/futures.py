@@ -21,7 +21,7 @@ class Future(Generic[T]):
     """The eventual value (or error) of a call."""
 
     __slots__ = ("_lock", "_value", "_exc", "_callbacks", "_guard", "_on_get", "_on_wait", "tag", "lsn",
-                 "__weakref__")
+                 "holders", "__weakref__")
 
     def __init__(self, on_get: Callable[[Future, float | None], None] | None = None) -> None:
         self._lock = _thread.allocate_lock()
@@ -34,6 +34,7 @@ class Future(Generic[T]):
         self._on_wait: Callable[[], None] | None = None  # e.g. send the queued call first
         self.tag: Any = None  # for on_get: which call this future belongs to
         self.lsn = -1  # the journal position of the outcome it holds, once known (-1: none)
+        self.holders: Any = ()  # the procs whose result caches hold that outcome (their keys)
 
     def done(self) -> bool:
         return self._value is not _PENDING or self._exc is not None

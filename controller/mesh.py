@@ -247,9 +247,10 @@ class GatherSink:
     def deliver(self, call: Any, point: int) -> None:
         if not call.complete:
             return
-        # Where the outcomes sit in the journal: the program may issue nothing after reading
-        # them until they are durable (Session._issue).
+        # Where the outcomes sit in the journal, and which procs hold them until then: what
+        # the program may issue after reading them depends on both (Session._issue).
         self.future.lsn = max(o.meta.get("_lsn", -1) for o in call.results.values())
+        self.future.holders = call.targets.values()
         try:
             if self.single:
                 (only,) = call.results.values()

@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -147,6 +147,7 @@ class Session:
         self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead, max_delay_s=JOURNAL_LINGER_S)
         self._no_journal = isinstance(self.writer, NoWriter)
         self._observed_lsn = -1  # the last journaled outcome the program has read
+        self._observed_holders: set[str] = set()  # procs holding read outcomes not yet durable
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         self.replaying = self._replay is not None and self._replay.max_seq >= 0
@@ -284,9 +285,9 @@ class Session:
 
     # --- journaling ------------------------------------------------------------------
 
-    def _submit(self, kind: str, data: dict, durable: bool = False) -> int:
+    def _submit(self, kind: str, data: dict, durable: bool = False, lazy: bool = False) -> int:
         try:
-            lsn = self.writer.submit(kind, data)
+            lsn = self.writer.submit(kind, data, lazy=lazy)
             if durable:
                 self.writer.wait_durable(lsn)
         except LeadershipLost as e:
@@ -306,8 +307,8 @@ class Session:
         data: dict[str, Any] = {"s": call.seq, "pt": point, "st": outcome.status}
         if outcome.status == "ok":
             size = wire.payload_size(outcome.frames)
-            if size <= LARGE_RESULT_BYTES:
-                data["v"] = [bytes(f.buffer if hasattr(f, "buffer") else f) for f in outcome.frames]
+            if size <= LARGE_RESULT_BYTES:  # the received buffers, not copies: nothing writes to them
+                data["v"] = [f.buffer if hasattr(f, "buffer") else f for f in outcome.frames]
             else:
                 data["big"] = [wire.digest(outcome.frames), size]
         else:
@@ -318,7 +319,10 @@ class Session:
             self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
                                     abnormal=not outcome.meta.get("normal"))
         try:
-            lsn = self.writer.submit(RESULT, data)
+            # A value's record is bytes and small (LARGE_RESULT_BYTES): the writer's thread may
+            # encode it, off the path to the program. A failure's text came from a worker:
+            # encoded here, where a bad one is refused without harming the writer.
+            lsn = self.writer.submit(RESULT, data, lazy=outcome.status == "ok")
             outcome.meta["_lsn"] = lsn
             if durable:
                 self.writer.wait_durable(lsn, timeout=30)
@@ -342,31 +346,55 @@ class Session:
         self._safe_through = max(self._safe_through, safe)
         return self._safe_through
 
-    def _issue(self) -> int:
+    def _issue(self, to: Collection[str] | None = None, *, self_durable: bool = False) -> int:
+        """Take the next seq for a side effect on the procs keyed in `to` (None: anything else,
+        a host agent or the journal). `self_durable`: it journals a durable record first."""
         self._check_live()
-        if self._observed_lsn > self.writer.durable_lsn:
+        if self._observed_lsn > self.writer.durable_lsn and not (self_durable or self._held_by(to)):
             self._await_observed()
         seq = self.core.issue()
         if self.replaying and seq > self._replay.max_seq:
             self._end_replay()
         return seq
 
-    def _await_observed(self) -> None:
-        """Nothing the program does next may rest on an outcome a standby could not replay.
+    def _held_by(self, to: Collection[str] | None) -> bool:
+        """May a call to `to` go out before the outcomes the program has read are durable?
 
-        A plain result is journaled off the latency path, and dedupe replays it from the
+        A plain outcome is journaled off the latency path, and dedupe replays it from the
         worker's cache (invariant 4) -- unless the proc holding it dies with the primary. Then
-        a standby would see a SupervisionError where the program saw a value, and the calls
-        the primary issued after reading it (which ran) would part ways with the standby's
-        (which would run them again, or trip a DivergenceError on the workers). So the next
-        call waits until every outcome the program has read is durable: a pipelined burst
-        pays nothing, a read-then-call loop one journal commit per turn."""
-        self.writer.wait_durable(self._observed_lsn)
+        a standby would see a SupervisionError (or, restarted, a re-run) where the program
+        saw a value, and a call the primary issued after reading it must not have run on a
+        proc that survives: the standby's program may not issue it again, or not alike (it
+        would run twice, or trip a DivergenceError on the worker). So a call waits until what
+        was read is durable, except
+        - a call to the one proc that holds every such outcome: if that proc dies, what the
+          call did dies with it (at-least-once, as for any call on a proc that died); if it
+          lives, its cache replays the outcomes. A read-then-call loop on one actor pays no
+          journal commit;
+        - a call that journals a durable record before it is sent (a `choose` pick):
+          durability comes in lsn order, so that record makes every outcome before it durable.
+        """
+        if to is None or len(to) != 1:
+            return False
+        (proc,) = to
+        holders = self._observed_holders
+        return len(holders) == 1 and proc in holders
 
-    def _observed(self, lsn: int) -> None:
-        """The program has read an outcome journaled at `lsn` (-1: none, or already durable)."""
-        if lsn > self._observed_lsn:
-            self._observed_lsn = lsn
+    def _await_observed(self) -> None:
+        """Block until every outcome the program has read is durable (see _held_by)."""
+        self.writer.wait_durable(self._observed_lsn)
+        self._observed_holders.clear()
+
+    def _observed(self, lsn: int, holders: Iterable[str] = ()) -> None:
+        """The program has read an outcome journaled at `lsn` (-1: none, or already durable)
+        that the procs keyed in `holders` keep in their result caches until it is durable."""
+        durable = self.writer.durable_lsn
+        if lsn <= durable:
+            return
+        if self._observed_lsn <= durable:
+            self._observed_holders.clear()  # what they held before is durable now
+        self._observed_lsn = max(self._observed_lsn, lsn)
+        self._observed_holders.update(holders)
 
     def _end_replay(self) -> None:
         self.replaying = False
@@ -630,7 +658,10 @@ class Session:
     def _issue_call(self, wire_kind: Kind, kind: str, actor: str, method: str, frames: list, digest: bytes,
                     procs: list[ProcRef], ranks: tuple[int, ...] | None, sink: Any,
                     metas: list[dict] | None = None, choose_from: ActorMesh | None = None) -> PendingCall:
-        seq = self._issue()
+        if ranks is None:
+            seq = self._issue(self_durable=True)
+        else:
+            seq = self._issue({procs[r].key for r in ranks})
         jc = self._journaled(seq, kind, actor, method, digest, ranks)
         if ranks is None:  # choose: the pick is journaled durably before anything is sent
             key = (seq, "choose", 0)
@@ -661,7 +692,9 @@ class Session:
         if isinstance(sink, StreamSink):  # the stream reads results from its call; other
             sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
         if jc is None:
-            self._submit(CALL, {"s": seq, "k": kind, "a": actor, "m": method, "d": digest, "pts": list(ranks)})
+            # Built of str, int, bytes and a list: the writer's thread may encode it (lazy).
+            self._submit(CALL, {"s": seq, "k": kind, "a": actor, "m": method, "d": digest, "pts": list(ranks)},
+                         lazy=True)
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
@@ -700,7 +733,7 @@ class Session:
         self._replay_timeout(seq, "call", timeout)
         if not self.runtime.wait_for(fut, timeout):
             self._time_out(seq, "call", timeout)
-        self._observed(fut.lsn)
+        self._observed(fut.lsn, fut.holders)
 
     def _replay_timeout(self, seq: int, what: str, timeout: float | None) -> None:
         """Raise the TimeoutError the journal says the program saw next for this seq, if any."""
@@ -772,7 +805,7 @@ class Session:
                 self._submit(OBS, {"s": call.seq, "w": "stream", "i": i, "v": rank}, durable=True)
             del buffered[rank]
             outcome = call.results[rank]
-            self._observed(outcome.meta.get("_lsn", -1))
+            self._observed(outcome.meta.get("_lsn", -1), (call.targets[rank],))
             yield point_of(sink.view.dims, index[rank]), self._decode(call, outcome)
 
 

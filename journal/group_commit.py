@@ -1,8 +1,13 @@
 """Group commit: many submitted records, few fenced appends.
 
-`submit` frames a record and hands back its lsn at once; one background thread owned by the
-writer appends whatever has accumulated in one go. Records that nobody waits for linger up
-to `max_delay_s` to fill a batch; a waiter on durability makes the thread flush immediately.
+`submit` hands back a record's lsn at once; one background thread owned by the writer
+appends whatever has accumulated in one go. Records that nobody waits for linger up to
+`max_delay_s` to fill a batch; a waiter on durability makes the thread flush immediately.
+
+Submitting is cheap because the controller submits on its call path: a short lock keeps lsn
+order equal to queue order, and the writer thread is woken only when it may be waiting for
+exactly this record. A `lazy` record is not even encoded by its submitter: the writer thread
+encodes it with the rest of its batch, off the submitter's critical path.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ class GroupCommitWriter:
         self._epoch = lead.epoch
         self._max_batch = max_batch
         self._max_delay_s = max_delay_s
+        # _lock orders submits (lsn, queue); _cond is where the writer thread and waiters sleep.
+        # A submitter takes _cond only to wake the thread, never while it holds _lock.
+        self._lock = threading.Lock()
         self._cond = threading.Condition()
-        self._pending: list[bytes] = []
+        # Each entry is a framed record (bytes) or, for a lazy one, (lsn, kind, data, ts).
+        self._pending: list[bytes | tuple[int, str, dict[str, Any], float]] = []
         self._pending_first = lead.next_lsn
-        self._first_pending_at = 0.0
         self._next_lsn = lead.next_lsn
         self._durable = lead.next_lsn - 1
         self._urgent_upto = -1
@@ -65,24 +73,34 @@ class GroupCommitWriter:
         if self._closing:
             raise JournalError(f"group-commit writer of session {self._lead.session!r} is closed")
 
-    def submit(self, kind: str, data: dict[str, Any]) -> int:
-        """Queue one record and return its lsn; does not wait for it to be durable."""
+    def submit(self, kind: str, data: dict[str, Any], *, lazy: bool = False) -> int:
+        """Queue one record and return its lsn; does not wait for it to be durable.
+
+        The record is encoded here, so bad data (RecordTooLarge, a value msgpack cannot encode)
+        is refused before it takes an lsn. `lazy=True` leaves the encoding to the writer
+        thread, off the caller's critical path: for records whose data the caller builds from
+        str, int, float, bool, bytes, lists and str-keyed dicts only, well under
+        codec.MAX_RECORD_BYTES, and never touches again. A lazy record that fails to encode all
+        the same fails the writer, like a failed append.
+        """
         ts = time.time()
-        with self._cond:
+        with self._lock:
             if self._error is not None or self._closing:
                 self._raise_if_failed()
             lsn = self._next_lsn
-            frame = codec.encode_record(lsn, self._epoch, kind, data, ts)
+            pending = self._pending
+            if lazy:
+                pending.append((lsn, kind, data, ts))
+            else:
+                pending.append(codec.encode_record(lsn, self._epoch, kind, data, ts))
             self._next_lsn = lsn + 1
-            # Wake the writer only when it may be waiting for exactly this: the first record,
-            # or the one that fills a batch. Past that it is busy writing and looks again by
-            # itself, and a notify per record would cost more than the record.
-            if not self._pending:
-                self._first_pending_at = time.monotonic()
+            queued = len(pending)
+        # Wake the writer only when it may be waiting for exactly this: the first record, or
+        # the one that fills a batch. Past that it is busy writing and looks again by itself,
+        # and a notify per record would cost more than the record.
+        if queued == 1 or queued == self._max_batch:
+            with self._cond:
                 self._cond.notify_all()
-            elif len(self._pending) + 1 == self._max_batch:
-                self._cond.notify_all()
-            self._pending.append(frame)
         return lsn
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
@@ -131,7 +149,8 @@ class GroupCommitWriter:
         Raises the append error if submitted records could not be written.
         """
         with self._cond:
-            self._closing = True
+            with self._lock:
+                self._closing = True
             self._cond.notify_all()
         self._thread.join()
         if self._error is not None and self._durable < self._next_lsn - 1:
@@ -150,36 +169,41 @@ class GroupCommitWriter:
             # The exception already propagating explains more than a follow-on failure.
             log.debug("writer close failed while handling another error")
 
-    def _take(self) -> tuple[int, list[bytes]] | None:
+    def _queued(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def _take(self) -> tuple[int, list] | None:
         with self._cond:
-            while not self._pending:
+            while not self._queued():
                 if self._closing:
                     return None
                 self._cond.wait()
+            lingering_since = time.monotonic()
             while (
-                len(self._pending) < self._max_batch
-                and self._urgent_upto < self._pending_first
+                self._urgent_upto < self._pending_first
                 and not self._closing
+                and self._queued() < self._max_batch
             ):
-                remaining = self._first_pending_at + self._max_delay_s - time.monotonic()
+                remaining = lingering_since + self._max_delay_s - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            first = self._pending_first
-            frames = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
-            self._pending_first = first + len(frames)
-            if self._pending:
-                self._first_pending_at = time.monotonic()
-            return first, frames
+            with self._lock:
+                first = self._pending_first
+                entries = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+                self._pending_first = first + len(entries)
+            return first, entries
 
     def _run(self) -> None:
         while True:
             taken = self._take()
             if taken is None:
                 return
-            first, frames = taken
+            first, entries = taken
             try:
+                frames = codec.encode_entries(self._epoch, entries)
                 last = self._lead.append_frames(first, frames)
             except BaseException as exc:
                 log.warning(
@@ -189,8 +213,9 @@ class GroupCommitWriter:
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 with self._cond:
-                    self._error = exc
-                    self._pending.clear()
+                    with self._lock:
+                        self._error = exc
+                        self._pending.clear()
                     self._cond.notify_all()
                 return
             with self._cond:

@@ -1,9 +1,11 @@
-"""A call issued after the program read a result waits until that result is durable.
+"""What a call issued after the program read a result waits for.
 
 Plain results are journaled off the latency path. If the primary and the proc holding a
 result both die before the result reaches the journal, a standby sees a SupervisionError
-where the program saw a value; calls the primary issued after reading it would then part
-ways with the standby's. So nothing is issued past a read result until it is durable."""
+(or a re-run) where the program saw a value. So nothing may run, on a proc that could
+outlive both, past a read result that is not durable: a call to another proc waits for it.
+A call to the proc that holds every such result does not wait: if that proc dies, the call
+dies with it; if it lives, its cache replays the results (Session._held_by)."""
 
 from __future__ import annotations
 
@@ -43,34 +45,116 @@ def _gate_appends(s: Session) -> threading.Event:
     return gate
 
 
-def test_a_call_after_a_read_result_waits_for_that_result_to_be_durable(tmp_path):
+def _issue_in_thread(s: Session, call) -> tuple[threading.Thread, list]:
+    got: list = []
+    follower = threading.Thread(target=lambda: got.append(call().get(timeout=20)))
+    follower.start()
+    return follower, got
+
+
+def _counters(s: Session):
+    return s.spawn_procs(per_host={"procs": 2}).spawn("c", Counter)
+
+
+def test_a_call_to_another_proc_after_a_read_result_waits_for_that_result_to_be_durable(tmp_path):
     with Session(f"read-durable-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
-        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("c", Counter)
-        assert mesh.incr.call_one().get(timeout=10) == 1
+        mesh = _counters(s)
+        p0, p1 = mesh.slice(procs=0), mesh.slice(procs=1)
+        assert p0.incr.call_one().get(timeout=10) == 1
         gate = _gate_appends(s)
         # Read at once, though the journal holds its record back: off the latency path.
         t0 = time.monotonic()
-        assert mesh.incr.call_one().get(timeout=10) == 2
+        assert p0.incr.call_one().get(timeout=10) == 2
         assert time.monotonic() - t0 < 5
         issued = s.core.next_seq
-        got: list[int] = []
-        follower = threading.Thread(target=lambda: got.append(mesh.incr.call_one().get(timeout=20)))
-        follower.start()
+        follower, got = _issue_in_thread(s, p1.incr.call_one)
         time.sleep(0.5)
-        # The next call has not been issued: no seq taken, nothing sent, the actor untouched.
+        # The call to proc 1 has not been issued: no seq taken, nothing sent, the actor untouched.
         assert follower.is_alive() and s.core.next_seq == issued and got == []
         gate.set()
         follower.join(20)
-        assert got == [3]
+        assert got == [1]
         assert s.writer.durable_lsn >= 0
+
+
+def test_a_broadcast_after_a_read_result_waits_for_it(tmp_path):
+    with Session(f"read-durable-bc-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        mesh = _counters(s)
+        p0 = mesh.slice(procs=0)
+        gate = _gate_appends(s)
+        assert p0.incr.call_one().get(timeout=10) == 1
+        issued = s.core.next_seq
+        # Proc 0 holds the result, but the broadcast reaches proc 1 as well.
+        follower, got = _issue_in_thread(s, mesh.incr.call)
+        time.sleep(0.5)
+        assert follower.is_alive() and s.core.next_seq == issued
+        gate.set()
+        follower.join(20)
+        assert list(got[0].values()) == [2, 1]
+
+
+def test_a_call_to_the_proc_holding_every_unjournaled_result_does_not_wait(tmp_path):
+    with Session(f"read-durable-same-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        mesh = _counters(s)
+        p0, p1 = mesh.slice(procs=0), mesh.slice(procs=1)
+        gate = _gate_appends(s)
+        # A read-then-call loop on one actor: nothing durable, nothing waited for.
+        t0 = time.monotonic()
+        assert [p0.incr.call_one().get(timeout=10) for _ in range(20)] == list(range(1, 21))
+        assert p0.peek.call_one().get(timeout=10) == 20
+        assert time.monotonic() - t0 < 5
+        assert s.writer.durable_lsn < s.writer.next_lsn - 1  # the gate really held the records
+        # Proc 1 holds none of them: a call to it waits.
+        issued = s.core.next_seq
+        follower, got = _issue_in_thread(s, p1.incr.call_one)
+        time.sleep(0.5)
+        assert follower.is_alive() and s.core.next_seq == issued and got == []
+        gate.set()
+        follower.join(20)
+        assert got == [1]
+
+
+def test_reading_from_two_procs_makes_the_next_call_to_either_wait(tmp_path):
+    with Session(f"read-durable-two-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        mesh = _counters(s)
+        p0, p1 = mesh.slice(procs=0), mesh.slice(procs=1)
+        gate = _gate_appends(s)
+        f0, f1 = p0.incr.call_one(), p1.incr.call_one()  # issued before anything was read
+        assert (f0.get(timeout=10), f1.get(timeout=10)) == (1, 1)
+        issued = s.core.next_seq
+        follower, got = _issue_in_thread(s, p0.incr.call_one)
+        time.sleep(0.5)
+        # Proc 0 does not hold proc 1's result: if proc 1 and the primary died together, a
+        # call that ran on proc 0 could rest on a value no standby can replay.
+        assert follower.is_alive() and s.core.next_seq == issued and got == []
+        gate.set()
+        follower.join(20)
+        assert got == [2]
+
+
+def test_a_choose_after_a_read_result_is_covered_by_its_durable_pick(tmp_path):
+    with Session(f"read-durable-choose-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        mesh = _counters(s)
+        gate = _gate_appends(s)
+        assert mesh.slice(procs=0).incr.call_one().get(timeout=10) == 1
+        read_lsn = s._observed_lsn
+        follower, got = _issue_in_thread(s, mesh.peek.choose)
+        time.sleep(0.5)
+        assert follower.is_alive() and got == []  # the pick waits to be durable ...
+        gate.set()
+        follower.join(20)
+        assert got and s.writer.durable_lsn > read_lsn  # ... and with it the result read before
 
 
 def test_calls_issued_without_reading_a_result_do_not_wait(tmp_path):
     with Session(f"read-durable-burst-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
-        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("c", Counter)
-        mesh.incr.call_one().get(timeout=10)
+        mesh = _counters(s)
+        p0, p1 = mesh.slice(procs=0), mesh.slice(procs=1)
+        p0.incr.call_one().get(timeout=10)
+        p1.incr.call_one().get(timeout=10)
         gate = _gate_appends(s)
         # A pipelined burst reads nothing between calls: none of them waits for the journal.
-        futures = [mesh.incr.call_one() for _ in range(50)]
-        assert [f.get(timeout=10) for f in futures] == list(range(2, 52))
+        futures = [(p0 if i % 2 else p1).incr.call_one() for i in range(50)]
+        got = [f.get(timeout=10) for f in futures]
+        assert got == [2 + i // 2 for i in range(50)]
         gate.set()

@@ -131,3 +131,44 @@ def test_many_threads_submitting_and_waiting_keep_lsn_order(journal: Journal, se
     for t in range(4):
         assert [r.data["i"] for r in records if r.data["t"] == t] == list(range(200))
     lead.close()
+
+
+def test_lazy_records_read_back_like_eager_ones_in_submit_order(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    got: dict[int, tuple[int, int]] = {}
+    with GroupCommitWriter(lead, max_batch=16) as writer:
+
+        def produce(t: int) -> None:
+            for i in range(300):
+                data = {"t": t, "i": i, "v": [memoryview(b"abc"), b"d"]}
+                got[writer.submit("result", data, lazy=(i + t) % 2 == 0)] = (t, i)
+
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        writer.flush()
+    records = list(journal.read(session))
+    assert [r.lsn for r in records] == list(range(900))
+    assert all((r.data["t"], r.data["i"]) == got[r.lsn] for r in records)
+    assert all(r.data["v"] == [b"abc", b"d"] and r.kind == "result" for r in records)
+    assert journal.verify(session).ok
+    lead.close()
+
+
+def test_a_lazy_record_that_cannot_be_encoded_fails_the_writer_and_names_it(
+    journal: Journal, session: str
+):
+    lead = journal.campaign(session, "a")
+    writer = GroupCommitWriter(lead)
+    writer.wait_durable(writer.submit("call", {"i": 0}, lazy=True))
+    lsn = writer.submit("result", {"v": object()}, lazy=True)
+    with pytest.raises(JournalError, match=r"record 'result' \(lsn 1\).*msgpack cannot encode"):
+        writer.wait_durable(lsn, timeout=10)
+    with pytest.raises(JournalError):
+        writer.submit("call", {"i": 2})
+    with pytest.raises(JournalError):
+        writer.close()
+    assert [r.data["i"] for r in journal.read(session)] == [0]
+    lead.close()
