@@ -18,7 +18,7 @@ import runpy
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,7 +317,7 @@ class AuditSession(Session):
                 self._diverge(seq, jc, None)
                 raise NonDeterminismError(seq, jc.describe(), "no further call: the program ended")
 
-    def _issue(self, to: Collection[str] | None = None, *, self_durable: bool = False) -> int:
+    def _issue(self, to: Iterable[str] | None = None, *, self_durable: bool = False) -> int:
         seq = self.core.issue()  # nothing is written: there is nothing to wait for
         self._ctx.progress(seq)
         return seq

@@ -367,6 +367,11 @@ def dumps_call(args: tuple, kwargs: dict) -> tuple[Sequence[Any], bytes]:
     return frames, call_digest(obj, frames)
 
 
+def frame_bytes(frames: Sequence[Any]) -> list[bytes]:
+    """The frames as bytes: a zmq Frame's cached copy, a bytes object itself, else a copy."""
+    return [f if type(f) is bytes else getattr(f, "bytes", None) or bytes(f) for f in frames]
+
+
 def payload_size(frames: Sequence[Any]) -> int:
     n = 0
     for f in frames:
