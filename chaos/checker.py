@@ -19,6 +19,7 @@ from typing import Any
 
 from chaos.faults import FaultEvent
 from chaos.ledger import Execution
+from controller.replay import expand
 
 __all__ = ["CALL_KINDS", "ChaosReport", "FaultEffect", "check_run", "percentile"]
 
@@ -117,10 +118,11 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 
 def run_records(records: Iterable[Any], run: str | None) -> list[Any]:
-    """The records of one run of the session (a standby may start a new run after it ends)."""
+    """The records of one run of the session (a standby may start a new run after it ends),
+    with CALLS and RESULTS records unpacked into the calls and results they hold."""
     out: list[Any] = []
     current = None
-    for rec in records:
+    for rec in expand(records):
         if rec.kind == "start":
             current = rec.data.get("run")
             continue

@@ -115,6 +115,8 @@ class Runtime:
         self.checkpoint_seq = -1
         self.durable_through: Callable[[], int] | None = None
         self.record_result: Callable[[PendingCall, int, Outcome], None] | None = None
+        # Sees a whole batch of replies, as received and decoded, before any is handled.
+        self.record_batch: Callable[[list, list[tuple[Kind, dict, list]]], None] | None = None
         self.fenced: str | None = None
         self.orphan_timeout_s: float | None = None
         self._io = threading.Thread(target=self._io_loop, name=f"regent-io-{session}", daemon=True)
@@ -276,12 +278,15 @@ class Runtime:
         if subs is None:
             self._handle_one(kind, meta, payload)
             return
+        replies = []
         for sub in subs:
             try:
-                kind, meta, payload = wire.decode_one(sub)
+                replies.append(wire.decode_one(sub))
             except ProtocolError as e:
                 log.warning("dropped malformed message from a batch", error=str(e))
-                continue
+        if self.record_batch is not None and len(replies) == len(subs):
+            self.record_batch(frames, replies)
+        for kind, meta, payload in replies:
             try:
                 self._handle_one(kind, meta, payload)
             except Exception:

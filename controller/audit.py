@@ -40,6 +40,7 @@ from controller.replay import (
     NonDeterminismError,
     ReplayIndex,
     describe,
+    expand,
 )
 from controller.session import Session
 from worker.errors import RegentError
@@ -63,7 +64,7 @@ def timeline(records: Iterable, flt: Filter | None = None) -> Iterator[str]:
     """One readable line per record that passes the filter."""
     flt = flt or Filter()
     calls: dict[int, tuple[str, str]] = {}
-    for rec in records:
+    for rec in expand(records):
         d = rec.data
         if rec.kind == CALL:
             calls[d["s"]] = (d.get("a", ""), d.get("m", ""))
@@ -171,6 +172,12 @@ class _NoWrites:
     durable_lsn = -1
 
     def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int:
+        raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
+
+    def hurry(self, within_s: float) -> None:
+        pass
+
+    def collect(self, kind: str, item: list) -> None:
         raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
@@ -513,8 +520,8 @@ def _no_bar(progress: bool | None) -> bool | None:
 
 def export_jsonl(records: Iterable) -> Iterator[str]:
     """One JSON object per record: lsn, epoch, ts, kind and the record's fields (bytes as
-    {"bytes": n, "hex": first 32 bytes})."""
-    for rec in records:
+    {"bytes": n, "hex": first 32 bytes}). CALLS and RESULTS records are unpacked (replay.expand)."""
+    for rec in expand(records):
         yield json.dumps({"lsn": rec.lsn, "epoch": rec.epoch, "ts": rec.ts, "kind": rec.kind,
                           **{k: _plain(v) for k, v in rec.data.items()}}, sort_keys=False)
 
@@ -566,7 +573,7 @@ def export_perfetto(records: Iterable, session: str = "") -> dict:
 
     ctl = track("controller", "program")
     markers = track("controller", "failovers, restarts, checkpoints")
-    for rec in records:
+    for rec in expand(records):
         d = rec.data
         if t0 is None:
             t0 = rec.ts

@@ -57,6 +57,12 @@ class NoWriter:
         self.durable_lsn = next(self._lsn)
         return self.durable_lsn
 
+    def hurry(self, within_s: float) -> None:
+        pass
+
+    def collect(self, kind: str, item: list) -> None:
+        pass
+
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
         pass
 

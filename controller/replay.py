@@ -8,16 +8,22 @@ a session's log may hold several runs, and only the last one is replayed.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.errors import RegentError
+from journal import CorruptRecord, Record
+from worker import _wire as wire
+from worker.dedupe import LARGE_RESULT_BYTES
+from worker.errors import ProtocolError, RegentError
 
 # Record kinds the controller writes.
 START = "start"  # {run, ts}
 CALL = "call"  # {s, k, a, m, d, pts} or, for values the program asked for, {s, k, v}
 RESULT = "result"  # {s, pt, st, v: [frames] | None, big: [digest, size] | None, x: {...}}
+# Two compact forms of the same, for the call path's volume (read through `expand`):
+CALLS = "calls"  # {items: [[s, k, a, m, d, pts, ts], ...]}: endpoint calls, collected
+RESULTS = "results"  # {b: [frames]}: a batch of replies as a worker sent it; its `covered` results
 OBS = "obs"  # {s, w, i, v}: a choose pick, a stream position, a timeout
 PROCS = "procs"  # {s, procs: [...]}: what spawn_procs got
 SUPERVISION = "sup"  # {ev, ...}
@@ -39,6 +45,48 @@ class NonDeterminismError(RegentError):
             f"makes {new}. A controller program must make the same calls in the same order on "
             "replay; take values that may differ from s.now(), s.random() or s.side_effect()."
         )
+
+
+RESULTS_MAX_BYTES = 256 * 1024  # a batch of replies larger than this is journaled result by result
+
+
+def covered(kind: wire.Kind, meta: dict, payload: list) -> bool:
+    """Is this reply from a batch journaled within the batch's RESULTS record?
+
+    Plain values of program calls, small enough for the journal. Everything else (failures,
+    which may need a durable record; large values, journaled as a digest; answers to the
+    supervisor's requests) gets a RESULT record of its own."""
+    return (kind is wire.Kind.RESULT and meta.get("st") == "ok" and "n" not in meta
+            and type(meta.get("s")) is int and type(meta.get("pt")) is int
+            and wire.payload_size(payload) <= LARGE_RESULT_BYTES)
+
+
+def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
+    """The records with CALLS and RESULTS unpacked into the CALL and RESULT records they stand
+    for (same lsn and epoch); what reads a journal by call reads it through this."""
+    for rec in records:
+        kind = rec.kind
+        if kind == CALLS:
+            lsn, epoch = rec.lsn, rec.epoch
+            for s, k, a, m, d, pts, ts in rec.data["items"]:
+                yield Record(lsn, epoch, CALL, {"s": s, "k": k, "a": a, "m": m, "d": d, "pts": pts}, ts)
+        elif kind == RESULTS:
+            yield from _batched_results(rec, session)
+        else:
+            yield rec
+
+
+def _batched_results(rec: Record, session: str) -> Iterator[Record]:
+    try:
+        kind, meta, payload = wire.decode(list(rec.data["b"]))
+        subs = wire.split_batch(meta, payload) if kind is wire.Kind.BATCH else [None]
+        replies = [wire.decode_one(sub) if sub is not None else (kind, meta, payload) for sub in subs]
+    except (ProtocolError, KeyError, TypeError, ValueError) as e:
+        raise CorruptRecord(session or "(unnamed)", rec.lsn, f"a results record does not hold a batch of replies ({e})") from e
+    for kind, meta, payload in replies:
+        if covered(kind, meta, payload):
+            yield Record(rec.lsn, rec.epoch, RESULT,
+                         {"s": meta["s"], "pt": meta["pt"], "st": "ok", "v": wire.frame_bytes(payload)}, rec.ts)
 
 
 def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", points: Iterable[int] = ()) -> str:
@@ -75,7 +123,7 @@ class ReplayIndex:
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            for rec in records:
+            for rec in expand(records):
                 self.add(rec)
         finally:
             if gc_was_on:
@@ -95,6 +143,7 @@ class ReplayIndex:
         self.max_seq = -1
 
     def add(self, rec: Any) -> None:
+        """Index one record (CALLS and RESULTS records go through `expand` first)."""
         kind, d = rec.kind, rec.data
         self.last_lsn = rec.lsn
         if kind == START:

@@ -7,11 +7,14 @@ appends whatever has accumulated in one go. Records that nobody waits for linger
 Submitting is cheap because the controller submits on its call path: a short lock keeps lsn
 order equal to queue order, and the writer thread is woken only when it may be waiting for
 exactly this record. A `lazy` record is not even encoded by its submitter: the writer thread
-encodes it with the rest of its batch, off the submitter's critical path.
+encodes it with the rest of its batch, off the submitter's critical path. Cheaper still,
+`collect` adds an item to a group that becomes one record: for many small records of one
+kind that nobody waits for (the controller's call records in a pipelined burst).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -23,6 +26,9 @@ from .election import Leadership
 from .errors import JournalError
 
 log = structlog.get_logger("journal.group_commit")
+
+
+GROUP_ITEMS = 1024  # items per collected group record; small items keep it far below the limits
 
 
 class GroupCommitWriter:
@@ -50,6 +56,11 @@ class GroupCommitWriter:
         self._next_lsn = lead.next_lsn
         self._durable = lead.next_lsn - 1
         self._urgent_upto = -1
+        self._hurry_at = math.inf  # a deadline sooner than the linger (hurry), until the next take
+        # The open group (collect): its kind and items; it takes an lsn when it is closed.
+        self._group_kind = ""
+        self._group: list[Any] = []
+        self._group_ts = 0.0
         self._error: BaseException | None = None
         self._closing = False
         self._thread = threading.Thread(
@@ -87,6 +98,8 @@ class GroupCommitWriter:
         with self._lock:
             if self._error is not None or self._closing:
                 self._raise_if_failed()
+            if self._group:
+                self._close_group_locked()
             lsn = self._next_lsn
             pending = self._pending
             if lazy:
@@ -102,6 +115,52 @@ class GroupCommitWriter:
             with self._cond:
                 self._cond.notify_all()
         return lsn
+
+    def hurry(self, within_s: float) -> None:
+        """Write what is queued within `within_s`, if the linger would wait longer.
+
+        For records somebody depends on without waiting for them (a result the program has
+        read): cheap to call often, since only the first call after a write takes a lock."""
+        if self._hurry_at != math.inf:
+            return  # a deadline is set; the write it brings takes everything queued by then
+        with self._cond:
+            due = time.monotonic() + within_s
+            if due < self._hurry_at:
+                self._hurry_at = due
+                self._cond.notify_all()
+
+    def collect(self, kind: str, item: Any) -> None:
+        """Add `item` to the open group of `kind`: one record `{"items": [...]}` of that kind.
+
+        The group takes its lsn (and so its place in the log) when it is closed: by the next
+        `submit`, by the writer thread taking a batch, by `flush`, or when it holds
+        `GROUP_ITEMS` items. So every item comes before any record submitted after it. Nobody
+        can wait for one item; items are encoded lazily (see `submit`): small, of plain types.
+        """
+        with self._lock:
+            if self._error is not None or self._closing:
+                self._raise_if_failed()
+            if self._group_kind != kind and self._group:
+                self._close_group_locked()
+            group = self._group
+            if not group:
+                self._group_kind = kind
+                self._group_ts = time.time()
+            group.append(item)
+            wake = len(group) == 1 and not self._pending
+            if len(group) >= GROUP_ITEMS:
+                self._close_group_locked()
+                wake = len(self._pending) in (1, self._max_batch)
+        if wake:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _close_group_locked(self) -> None:
+        """Give the open group its lsn: it joins the queue as one lazy record. Holds _lock."""
+        lsn = self._next_lsn
+        self._pending.append((lsn, self._group_kind, {"items": self._group}, self._group_ts))
+        self._next_lsn = lsn + 1
+        self._group = []
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
         """Block until record `lsn` is durable; raise the append error if the write failed."""
@@ -126,7 +185,9 @@ class GroupCommitWriter:
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every submitted record is durable; return the last lsn (-1 if none)."""
-        with self._cond:
+        with self._lock:
+            if self._group:
+                self._close_group_locked()
             last = self._next_lsn - 1
         if last > self._durable:
             self.wait_durable(last, timeout)
@@ -171,7 +232,7 @@ class GroupCommitWriter:
 
     def _queued(self) -> int:
         with self._lock:
-            return len(self._pending)
+            return len(self._pending) + (1 if self._group else 0)
 
     def _take(self) -> tuple[int, list] | None:
         with self._cond:
@@ -185,11 +246,16 @@ class GroupCommitWriter:
                 and not self._closing
                 and self._queued() < self._max_batch
             ):
-                remaining = lingering_since + self._max_delay_s - time.monotonic()
+                due = min(lingering_since + self._max_delay_s, self._hurry_at)
+                remaining = due - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
+            # Before the queue is cut: a record queued after this is hurried by a later call.
+            self._hurry_at = math.inf
             with self._lock:
+                if self._group:
+                    self._close_group_locked()
                 first = self._pending_first
                 entries = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
@@ -216,6 +282,7 @@ class GroupCommitWriter:
                     with self._lock:
                         self._error = exc
                         self._pending.clear()
+                        self._group = []
                     self._cond.notify_all()
                 return
             with self._cond:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from journal import GroupCommitWriter, Journal, JournalError, LeadershipLost, RecordTooLarge
+from journal.group_commit import GROUP_ITEMS
 
 
 def test_lsns_follow_submit_order_and_everything_flushed_is_readable(
@@ -171,4 +173,58 @@ def test_a_lazy_record_that_cannot_be_encoded_fails_the_writer_and_names_it(
     with pytest.raises(JournalError):
         writer.close()
     assert [r.data["i"] for r in journal.read(session)] == [0]
+    lead.close()
+
+
+def test_collected_items_become_one_record_before_anything_submitted_after_them(
+    journal: Journal, session: str
+):
+    lead = journal.campaign(session, "a")
+    with GroupCommitWriter(lead, max_delay_s=30.0) as writer:
+        for i in range(5):
+            writer.collect("calls", [i, "x"])
+        lsn = writer.submit("observation", {"now": 1.0})
+        writer.collect("calls", [5, "x"])
+        writer.wait_durable(lsn, timeout=5)  # the group closed at the submit, durable with it
+        # The writer took the group opened since as well: it takes whatever is there.
+        assert [(r.lsn, r.kind, r.data) for r in journal.read(session)] == [
+            (0, "calls", {"items": [[i, "x"] for i in range(5)]}), (1, "observation", {"now": 1.0}),
+            (2, "calls", {"items": [[5, "x"]]})]
+        writer.collect("calls", [6, "x"])
+        assert writer.flush() == 3  # a flush closes the open group
+    assert [r.data for r in journal.read(session)][3:] == [{"items": [[6, "x"]]}]
+    lead.close()
+
+
+def test_a_collected_group_closes_at_its_size_and_when_the_linger_ends(
+    journal: Journal, session: str
+):
+    lead = journal.campaign(session, "a")
+    with GroupCommitWriter(lead, max_delay_s=0.05) as writer:
+        for i in range(GROUP_ITEMS + 3):
+            writer.collect("calls", [i])
+        deadline = time.monotonic() + 10
+        while writer.durable_lsn < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # nobody waits: the writer thread closes the rest by itself
+        assert writer.durable_lsn == 1
+    sizes = [len(r.data["items"]) for r in journal.read(session)]
+    assert sizes == [GROUP_ITEMS, 3]
+    lead.close()
+
+
+def test_hurry_writes_what_is_queued_sooner_than_the_linger(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    with GroupCommitWriter(lead, max_delay_s=30.0) as writer:
+        lsn = writer.submit("result", {"i": 0}, lazy=True)
+        time.sleep(0.3)
+        assert writer.durable_lsn < lsn  # lingering: nobody waits for it
+        writer.hurry(0.05)
+        writer.hurry(0.05)  # a deadline is set already: nothing more to do
+        deadline = time.monotonic() + 5
+        while writer.durable_lsn < lsn and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert writer.durable_lsn == lsn
+        later = writer.submit("result", {"i": 1}, lazy=True)
+        time.sleep(0.3)
+        assert writer.durable_lsn < later  # the deadline went with the write it brought
     lead.close()
