@@ -52,6 +52,17 @@ def _issue_in_thread(s: Session, call) -> tuple[threading.Thread, list]:
     return follower, got
 
 
+def _assert_waits_for_the_gate(s: Session, call, gate: threading.Event) -> list:
+    """Issue `call` from a thread: it must take no seq and send nothing until the gate opens."""
+    issued = s.core.next_seq
+    follower, got = _issue_in_thread(s, call)
+    time.sleep(0.5)
+    assert follower.is_alive() and s.core.next_seq == issued and got == []
+    gate.set()
+    follower.join(20)
+    return got
+
+
 def _counters(s: Session):
     return s.spawn_procs(per_host={"procs": 2}).spawn("c", Counter)
 
@@ -66,14 +77,8 @@ def test_a_call_to_another_proc_after_a_read_result_waits_for_that_result_to_be_
         t0 = time.monotonic()
         assert p0.incr.call_one().get(timeout=10) == 2
         assert time.monotonic() - t0 < 5
-        issued = s.core.next_seq
-        follower, got = _issue_in_thread(s, p1.incr.call_one)
-        time.sleep(0.5)
-        # The call to proc 1 has not been issued: no seq taken, nothing sent, the actor untouched.
-        assert follower.is_alive() and s.core.next_seq == issued and got == []
-        gate.set()
-        follower.join(20)
-        assert got == [1]
+        # The call to proc 1 is not issued until then: no seq taken, nothing sent.
+        assert _assert_waits_for_the_gate(s, p1.incr.call_one, gate) == [1]
         assert s.writer.durable_lsn >= 0
 
 
@@ -83,13 +88,8 @@ def test_a_broadcast_after_a_read_result_waits_for_it(tmp_path):
         p0 = mesh.slice(procs=0)
         gate = _gate_appends(s)
         assert p0.incr.call_one().get(timeout=10) == 1
-        issued = s.core.next_seq
         # Proc 0 holds the result, but the broadcast reaches proc 1 as well.
-        follower, got = _issue_in_thread(s, mesh.incr.call)
-        time.sleep(0.5)
-        assert follower.is_alive() and s.core.next_seq == issued
-        gate.set()
-        follower.join(20)
+        got = _assert_waits_for_the_gate(s, mesh.incr.call, gate)
         assert list(got[0].values()) == [2, 1]
 
 
@@ -105,13 +105,7 @@ def test_a_call_to_the_proc_holding_every_unjournaled_result_does_not_wait(tmp_p
         assert time.monotonic() - t0 < 5
         assert s.writer.durable_lsn < s.writer.next_lsn - 1  # the gate really held the records
         # Proc 1 holds none of them: a call to it waits.
-        issued = s.core.next_seq
-        follower, got = _issue_in_thread(s, p1.incr.call_one)
-        time.sleep(0.5)
-        assert follower.is_alive() and s.core.next_seq == issued and got == []
-        gate.set()
-        follower.join(20)
-        assert got == [1]
+        assert _assert_waits_for_the_gate(s, p1.incr.call_one, gate) == [1]
 
 
 def test_reading_from_two_procs_makes_the_next_call_to_either_wait(tmp_path):
@@ -121,15 +115,9 @@ def test_reading_from_two_procs_makes_the_next_call_to_either_wait(tmp_path):
         gate = _gate_appends(s)
         f0, f1 = p0.incr.call_one(), p1.incr.call_one()  # issued before anything was read
         assert (f0.get(timeout=10), f1.get(timeout=10)) == (1, 1)
-        issued = s.core.next_seq
-        follower, got = _issue_in_thread(s, p0.incr.call_one)
-        time.sleep(0.5)
         # Proc 0 does not hold proc 1's result: if proc 1 and the primary died together, a
         # call that ran on proc 0 could rest on a value no standby can replay.
-        assert follower.is_alive() and s.core.next_seq == issued and got == []
-        gate.set()
-        follower.join(20)
-        assert got == [2]
+        assert _assert_waits_for_the_gate(s, p0.incr.call_one, gate) == [2]
 
 
 def test_a_choose_after_a_read_result_is_covered_by_its_durable_pick(tmp_path):

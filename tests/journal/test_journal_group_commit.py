@@ -11,6 +11,14 @@ from journal import GroupCommitWriter, Journal, JournalError, LeadershipLost, Re
 from journal.group_commit import GROUP_ITEMS
 
 
+def _in_threads(n: int, produce) -> None:
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
 def test_lsns_follow_submit_order_and_everything_flushed_is_readable(
     journal: Journal, session: str
 ):
@@ -51,11 +59,7 @@ def test_records_from_many_threads_get_unique_contiguous_lsns(journal: Journal, 
             for i in range(500):
                 got[writer.submit("call", {"t": t, "i": i})] = (t, i)
 
-        threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        _in_threads(4, produce)
         writer.flush()
     records = list(journal.read(session))
     assert [r.lsn for r in records] == list(range(2000))
@@ -123,11 +127,7 @@ def test_many_threads_submitting_and_waiting_keep_lsn_order(journal: Journal, se
             for i in range(200):
                 writer.wait_durable(writer.submit("call", {"t": t, "i": i}))
 
-        threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        _in_threads(4, produce)
     records = list(journal.read(session))
     assert [r.lsn for r in records] == list(range(800))
     for t in range(4):
@@ -145,11 +145,7 @@ def test_lazy_records_read_back_like_eager_ones_in_submit_order(journal: Journal
                 data = {"t": t, "i": i, "v": [memoryview(b"abc"), b"d"]}
                 got[writer.submit("result", data, lazy=(i + t) % 2 == 0)] = (t, i)
 
-        threads = [threading.Thread(target=produce, args=(t,)) for t in range(3)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        _in_threads(3, produce)
         writer.flush()
     records = list(journal.read(session))
     assert [r.lsn for r in records] == list(range(900))
