@@ -79,10 +79,12 @@ def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
 def _batched_results(rec: Record, session: str) -> Iterator[Record]:
     try:
         kind, meta, payload = wire.decode(list(rec.data["b"]))
-        subs = wire.split_batch(meta, payload) if kind is wire.Kind.BATCH else [None]
-        replies = [wire.decode_one(sub) if sub is not None else (kind, meta, payload) for sub in subs]
+        if kind is not wire.Kind.BATCH:
+            raise ValueError(f"a {kind.name} message")
+        replies = [wire.decode_one(sub) for sub in wire.split_batch(meta, payload)]
     except (ProtocolError, KeyError, TypeError, ValueError) as e:
-        raise CorruptRecord(session or "(unnamed)", rec.lsn, f"a results record does not hold a batch of replies ({e})") from e
+        raise CorruptRecord(session or "(unnamed)", rec.lsn,
+                            f"a results record does not hold a batch of replies ({e})") from e
     for kind, meta, payload in replies:
         if covered(kind, meta, payload):
             yield Record(rec.lsn, rec.epoch, RESULT,

@@ -295,9 +295,9 @@ class Session:
 
     # --- journaling ------------------------------------------------------------------
 
-    def _submit(self, kind: str, data: dict, durable: bool = False, lazy: bool = False) -> int:
+    def _submit(self, kind: str, data: dict, durable: bool = False) -> int:
         try:
-            lsn = self.writer.submit(kind, data, lazy=lazy)
+            lsn = self.writer.submit(kind, data)
             if durable:
                 self.writer.wait_durable(lsn)
         except LeadershipLost as e:

@@ -65,37 +65,19 @@ def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: flo
 
 
 def encode_entries(epoch: int, entries: list) -> list[bytes]:
-    """Frame a run of queued records: bytes pass through, `(lsn, kind, data, ts)` is encoded.
-
-    The group-commit thread encodes lazily submitted records here; the bytes are those
-    `encode_record` makes. A record that cannot be encoded raises JournalError naming it.
-    """
-    pack = _packer().pack
+    """Frame a run of queued records: bytes pass through, `(lsn, kind, data, ts)` is encoded
+    (the group-commit thread's lazily submitted records). A record that cannot be encoded
+    raises JournalError naming it."""
     out: list[bytes] = []
-    append = out.append
     for entry in entries:
         if type(entry) is bytes:
-            append(entry)
+            out.append(entry)
             continue
         try:
-            body = pack([entry[0], epoch, entry[1], entry[2], entry[3]])
-        except Exception:
-            _packer().reset()  # a failed pack may leave part of the value in the buffer
-            body = None
-        if body is None or len(body) > MAX_RECORD_BYTES:
-            raise JournalError(
-                f"a lazily submitted record could not be written: {_why_unencodable(epoch, entry)}"
-            )
-        append(pack((body, _crc32(body))))
+            out.append(encode_record(entry[0], epoch, entry[1], entry[2], entry[3]))
+        except (TypeError, RecordTooLarge) as exc:
+            raise JournalError(f"a lazily submitted record could not be written: {exc}") from exc
     return out
-
-
-def _why_unencodable(epoch: int, entry: tuple) -> str:
-    try:
-        encode_record(entry[0], epoch, entry[1], entry[2], entry[3])
-    except (TypeError, RecordTooLarge) as exc:
-        return str(exc)
-    return f"record {entry[1]!r} (lsn {entry[0]}) failed to encode once and not the second time"
 
 
 def encode_batch(frames: list[bytes]) -> bytes:

@@ -79,3 +79,14 @@ def test_the_tools_read_batched_records_call_by_call(tmp_path):
     assert sum('"kind": "call"' in line and '"echo"' in line for line in exported) == BURST
     checked = run_records(raw, None)
     assert sum(1 for r in checked if r.kind == RESULT and r.data["s"] >= first) == BURST
+
+
+def test_a_results_record_that_holds_no_batch_of_replies_is_named_as_corrupt():
+    import pytest
+
+    from journal import CorruptRecord, Record
+
+    single = wire.encode(wire.Kind.RESULT, {"s": 1, "pt": 0, "st": "ok"}, [b"x"])
+    for data in ({"b": [b"\x00garbage"]}, {"b": [bytes(f) for f in single]}, {}):
+        with pytest.raises(CorruptRecord, match="lsn 7.*does not hold a batch of replies"):
+            list(expand([Record(7, 1, RESULTS, data, 0.0)], "s"))
