@@ -324,7 +324,7 @@ class AuditSession(Session):
                 self._diverge(seq, jc, None)
                 raise NonDeterminismError(seq, jc.describe(), "no further call: the program ended")
 
-    def _issue(self, to: Iterable[str] | None = None, *, self_durable: bool = False) -> int:
+    def _issue(self, procs: list | None = None, ranks: Iterable[int] = (), *, self_durable: bool = False) -> int:
         seq = self.core.issue()  # nothing is written: there is nothing to wait for
         self._ctx.progress(seq)
         return seq

@@ -47,18 +47,23 @@ class NonDeterminismError(RegentError):
         )
 
 
+_RESULT = wire.Kind.RESULT
 RESULTS_MAX_BYTES = 256 * 1024  # a batch of replies larger than this is journaled result by result
 
 
-def covered(kind: wire.Kind, meta: dict, payload: list) -> bool:
+def covered(kind: wire.Kind, meta: dict, payload: list, small: bool = False) -> bool:
     """Is this reply from a batch journaled within the batch's RESULTS record?
 
     Plain values of program calls, small enough for the journal. Everything else (failures,
     which may need a durable record; large values, journaled as a digest; answers to the
-    supervisor's requests) gets a RESULT record of its own."""
-    return (kind is wire.Kind.RESULT and meta.get("st") == "ok" and "n" not in meta
-            and type(meta.get("s")) is int and type(meta.get("pt")) is int
-            and wire.payload_size(payload) <= LARGE_RESULT_BYTES)
+    supervisor's requests) gets a RESULT record of its own. `small`: the caller knows the
+    whole batch is within LARGE_RESULT_BYTES, so no reply in it can be larger (one reply's
+    size is then not summed again: this runs for every reply the controller receives)."""
+    if kind is not _RESULT or meta.get("st") != "ok" or "n" in meta:
+        return False
+    if type(meta.get("s")) is not int or type(meta.get("pt")) is not int:
+        return False
+    return small or wire.payload_size(payload) <= LARGE_RESULT_BYTES
 
 
 def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:

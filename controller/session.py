@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import os
 import pickle
 import queue
@@ -311,17 +312,30 @@ class Session:
         Under a pipelined load replies arrive a hundred to a message; a record per reply
         cost the controller more than the call itself. The covered replies are marked, and
         `_record_result` only notes where they went."""
-        marked = [meta for kind, meta, payload in replies if covered(kind, meta, payload)]
-        if len(marked) < 2 or wire.payload_size(frames) > RESULTS_MAX_BYTES:
+        if len(replies) < 2:
             return
+        size = wire.payload_size(frames)
+        if size > RESULTS_MAX_BYTES:
+            return
+        small = size <= LARGE_RESULT_BYTES  # then no reply in it is large: covered need not sum it
+        marked = []
+        low = math.inf
         calls = self.core.calls
         with self.runtime.lock:
-            # A repeated reply (a resend answered twice) is not journaled again: then the
-            # batch goes result by result, where only the first answer counts.
-            for meta in marked:
-                call = calls.get(meta["s"])
+            for kind, meta, payload in replies:
+                if not covered(kind, meta, payload, small):
+                    continue
+                # A repeated reply (a resend answered twice) is not journaled again: then the
+                # batch goes result by result, where only the first answer counts.
+                seq = meta["s"]
+                call = calls.get(seq)
                 if call is None or meta["pt"] in call.results:
                     return
+                marked.append(meta)
+                if seq < low:
+                    low = seq
+        if len(marked) < 2:
+            return
         try:
             lsn = self.writer.submit(RESULTS, {"b": wire.frame_bytes(frames)}, lazy=True)
         except Exception:  # noqa: BLE001 - each reply then tries its own record, and says why
@@ -329,7 +343,7 @@ class Session:
         for meta in marked:
             meta["_batch_lsn"] = lsn
         # One watermark mark for the batch, before any of its calls completes (_durable_through).
-        self._marks.append((min(meta["s"] for meta in marked), lsn))
+        self._marks.append((low, lsn))
 
     def _collect(self, kind: str, item: list) -> None:
         try:
@@ -393,20 +407,22 @@ class Session:
         self._safe_through = max(self._safe_through, safe)
         return self._safe_through
 
-    def _issue(self, to: Iterable[str] | None = None, *, self_durable: bool = False) -> int:
-        """Take the next seq for a side effect on the procs keyed in `to` (None: anything else,
-        a host agent or the journal; read only if a wait is in question). `self_durable`: it
-        journals a durable record first."""
+    def _issue(self, procs: list[ProcRef] | None = None, ranks: Iterable[int] = (), *,
+               self_durable: bool = False) -> int:
+        """Take the next seq for a side effect on `procs[r] for r in ranks` (procs None: anything
+        else, a host agent or the journal; read only if a wait is in question). `self_durable`:
+        it journals a durable record first."""
         self._check_live()
-        if self._observed_lsn > self.writer.durable_lsn and not (self_durable or self._held_by(to)):
+        if self._observed_lsn > self.writer.durable_lsn and not (self_durable or self._held_by(procs, ranks)):
             self._await_observed()
         seq = self.core.issue()
         if self.replaying and seq > self._replay.max_seq:
             self._end_replay()
         return seq
 
-    def _held_by(self, to: Iterable[str] | None) -> bool:
-        """May a call to `to` go out before the outcomes the program has read are durable?
+    def _held_by(self, procs: list[ProcRef] | None, ranks: Iterable[int]) -> bool:
+        """May a call to `procs[r] for r in ranks` go out before the outcomes the program has
+        read are durable?
 
         A plain outcome is journaled off the latency path, and dedupe replays it from the
         worker's cache (invariant 4) -- unless the proc holding it dies with the primary. Then
@@ -423,9 +439,12 @@ class Session:
           durability comes in lsn order, so that record makes every outcome before it durable.
         """
         holders = self._observed_holders
-        if to is None or len(holders) != 1:
+        if procs is None or len(holders) != 1:
             return False
-        return all(key in holders for key in to)
+        for r in ranks:
+            if procs[r].key not in holders:
+                return False
+        return True
 
     def _await_observed(self) -> None:
         """Block until every outcome the program has read is durable (see _held_by)."""
@@ -440,7 +459,8 @@ class Session:
             return
         if self._observed_lsn <= durable:
             self._observed_holders.clear()  # what they held before is durable now
-        self._observed_lsn = max(self._observed_lsn, lsn)
+        if lsn > self._observed_lsn:
+            self._observed_lsn = lsn
         self._observed_holders.update(holders)
         self.writer.hurry(READ_LINGER_S)
 
@@ -709,7 +729,7 @@ class Session:
         if ranks is None:
             seq = self._issue(self_durable=True)
         else:
-            seq = self._issue(procs[r].key for r in ranks)
+            seq = self._issue(procs, ranks)
         jc = self._journaled(seq, kind, actor, method, digest, ranks)
         if ranks is None:  # choose: the pick is journaled durably before anything is sent
             key = (seq, "choose", 0)
