@@ -116,7 +116,8 @@ class Runtime:
         self.durable_through: Callable[[], int] | None = None
         self.record_result: Callable[[PendingCall, int, Outcome], None] | None = None
         # Sees a whole batch of replies, as received and decoded, before any is handled.
-        self.record_batch: Callable[[list, list[tuple[Kind, dict, list]]], None] | None = None
+        # Returns, per reply, the lsn of the record it was journaled in (None: not journaled).
+        self.record_batch: Callable[[list, list[tuple[Kind, dict, list]]], list[int | None] | None] | None = None
         self.fenced: str | None = None
         self.orphan_timeout_s: float | None = None
         self._io = threading.Thread(target=self._io_loop, name=f"regent-io-{session}", daemon=True)
@@ -284,21 +285,23 @@ class Runtime:
                 replies.append(wire.decode_one(sub))
             except ProtocolError as e:
                 log.warning("dropped malformed message from a batch", error=str(e))
+        lsns = None
         if self.record_batch is not None and len(replies) == len(subs):
-            self.record_batch(frames, replies)
-        for kind, meta, payload in replies:
+            lsns = self.record_batch(frames, replies)
+        for (kind, meta, payload), lsn in zip(replies, lsns or [None] * len(replies), strict=True):
             try:
-                self._handle_one(kind, meta, payload)
+                self._handle_one(kind, meta, payload, lsn)
             except Exception:
                 log.exception("a message from a batch failed (handling the rest)")
 
-    def _handle_one(self, kind: Kind, meta: dict, payload: list) -> None:
+    def _handle_one(self, kind: Kind, meta: dict, payload: list, lsn: int | None = None) -> None:
+        """One message; `lsn`: the journal record its batch was journaled in (record_batch)."""
         if kind is Kind.RESULT:
             fut = self._requests.get(meta.get("n")) if "n" in meta else None
             if fut is not None:  # an answer to a supervisor's request, not a program call
                 fut.set_result(meta)
             else:
-                self._on_result(meta, payload)
+                self._on_result(meta, payload, lsn)
         elif kind in (Kind.HOST_REP, Kind.PONG):
             fut = self._requests.get(meta.get("n"))
             if fut is not None:
@@ -326,14 +329,14 @@ class Runtime:
                 self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is gone: its host agent at {host} "
                                      "no longer lists it (it died unreported, e.g. while no agent watched it)")
 
-    def _on_result(self, meta: dict, payload: list) -> None:
+    def _on_result(self, meta: dict, payload: list, lsn: int | None = None) -> None:
         seq, point, status = meta.get("s"), meta.get("pt"), meta.get("st")
         if not isinstance(seq, int) or not isinstance(point, int) or not isinstance(status, str):
             log.warning("dropped result with bad fields", meta=str(meta)[:200])
             return
         if status == "fenced":
             self.fenced = meta.get("em") or "a worker saw a newer controller epoch"
-        outcome = Outcome(status, meta, payload)
+        outcome = Outcome(status, meta, payload) if lsn is None else Outcome(status, meta, payload, lsn, True)
         with self.lock:
             call = self.core.on_result(seq, point, outcome)
         if call is not None:

@@ -15,14 +15,22 @@ from typing import Any
 
 class Outcome:
     """What one point of a call ended with: status, wire metadata and payload frames.
-    (A plain slotted class: one is made per reply, on the IO thread.)"""
+    (A plain slotted class: one is made per reply, on the IO thread.)
 
-    __slots__ = ("status", "meta", "frames")
+    `lsn`: where the outcome sits in the journal (-1: nowhere yet, or read from it, so durable).
+    `journaled`: nothing is left to write for it (read from the journal, or in its batch's
+    record). Both are the controller's own: never fields of the worker's metadata, which
+    comes from the network."""
 
-    def __init__(self, status: str, meta: dict, frames: Sequence[Any]):
+    __slots__ = ("status", "meta", "frames", "lsn", "journaled")
+
+    def __init__(self, status: str, meta: dict, frames: Sequence[Any], lsn: int = -1,
+                 journaled: bool = False):
         self.status = status  # ok | err | fenced | divergence | noactor | dead | journal
         self.meta = meta
         self.frames = frames
+        self.lsn = lsn
+        self.journaled = journaled
 
     def __repr__(self) -> str:
         return f"Outcome({self.status!r}, {self.meta!r}, <{len(self.frames)} frames>)"

@@ -249,7 +249,7 @@ class GatherSink:
             return
         # Where the outcomes sit in the journal, and which procs hold them until then: what
         # the program may issue after reading them depends on both (Session._issue).
-        self.future.lsn = max(o.meta.get("_lsn", -1) for o in call.results.values())
+        self.future.lsn = max(o.lsn for o in call.results.values())
         self.future.holders = call.targets.values()
         try:
             if self.single:

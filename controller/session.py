@@ -306,23 +306,24 @@ class Session:
             raise
         return lsn
 
-    def _record_batch(self, frames: list, replies: list[tuple[Kind, dict, list]]) -> None:
+    def _record_batch(self, frames: list, replies: list[tuple[Kind, dict, list]]) -> list[int | None] | None:
         """Journal a batch of plain values as the worker sent it: one record, not one each.
 
         Under a pipelined load replies arrive a hundred to a message; a record per reply
-        cost the controller more than the call itself. The covered replies are marked, and
-        `_record_result` only notes where they went."""
+        cost the controller more than the call itself. Returns, per reply, the record's lsn
+        if the record covers it (the runtime puts it on the reply's Outcome, and
+        `_record_result` writes nothing more), else None."""
         if len(replies) < 2:
-            return
+            return None
         size = wire.payload_size(frames)
         if size > RESULTS_MAX_BYTES:
-            return
+            return None
         small = size <= LARGE_RESULT_BYTES  # then no reply in it is large: covered need not sum it
         marked = []
         low = math.inf
         calls = self.core.calls
         with self.runtime.lock:
-            for kind, meta, payload in replies:
+            for i, (kind, meta, payload) in enumerate(replies):
                 if not covered(kind, meta, payload, small):
                     continue
                 # A repeated reply (a resend answered twice) is not journaled again: then the
@@ -330,20 +331,22 @@ class Session:
                 seq = meta["s"]
                 call = calls.get(seq)
                 if call is None or meta["pt"] in call.results:
-                    return
-                marked.append(meta)
+                    return None
+                marked.append(i)
                 if seq < low:
                     low = seq
         if len(marked) < 2:
-            return
+            return None
         try:
             lsn = self.writer.submit(RESULTS, {"b": wire.frame_bytes(frames)}, lazy=True)
         except Exception:  # noqa: BLE001 - each reply then tries its own record, and says why
-            return
-        for meta in marked:
-            meta["_batch_lsn"] = lsn
+            return None
         # One watermark mark for the batch, before any of its calls completes (_durable_through).
         self._marks.append((low, lsn))
+        lsns: list[int | None] = [None] * len(replies)
+        for i in marked:
+            lsns[i] = lsn
+        return lsns
 
     def _collect(self, kind: str, item: list) -> None:
         try:
@@ -354,16 +357,12 @@ class Session:
 
     def _record_result(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """IO thread: journal a point's outcome before the program can see it."""
-        if outcome.status == "fenced" or outcome.meta.get("_journaled"):
+        if outcome.status == "fenced" or outcome.journaled:
             return
         if self._no_journal:
             if outcome.status == "exit":
                 self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
                                         abnormal=not outcome.meta.get("normal"))
-            return
-        lsn = outcome.meta.get("_batch_lsn")
-        if lsn is not None:  # journaled with its batch, which _record_batch marked
-            outcome.meta["_lsn"] = lsn
             return
         data: dict[str, Any] = {"s": call.seq, "pt": point, "st": outcome.status}
         if outcome.status == "ok":
@@ -384,7 +383,7 @@ class Session:
             # encode it, off the path to the program. A failure's text came from a worker:
             # encoded here, where a bad one is refused without harming the writer.
             lsn = self.writer.submit(RESULT, data, lazy=outcome.status == "ok")
-            outcome.meta["_lsn"] = lsn
+            outcome.lsn = lsn
             if durable:
                 self.writer.wait_durable(lsn, timeout=30)
         except Exception as e:  # deposed or journal down: the program hears it on its next call
@@ -874,14 +873,14 @@ class Session:
                 self._submit(OBS, {"s": call.seq, "w": "stream", "i": i, "v": rank}, durable=True)
             del buffered[rank]
             outcome = call.results[rank]
-            self._observed(outcome.meta.get("_lsn", -1), (call.targets[rank],))
+            self._observed(outcome.lsn, (call.targets[rank],))
             yield point_of(sink.view.dims, index[rank]), self._decode(call, outcome)
 
 
 def _outcome_of(res: dict) -> Outcome:
     """A journaled result as the outcome the worker once sent."""
-    meta = {"pt": res["pt"], "_journaled": True, **(res.get("x") or {})}
-    return Outcome(res["st"], meta, list(res.get("v") or []))
+    meta = {"pt": res["pt"], **(res.get("x") or {})}
+    return Outcome(res["st"], meta, list(res.get("v") or []), journaled=True)
 
 
 def _sys_path() -> list[str]:

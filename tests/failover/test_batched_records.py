@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 
 from chaos.checker import run_records
 from controller import Session
 from controller.audit import export_jsonl, timeline
 from controller.replay import CALL, CALLS, RESULT, RESULTS, ReplayIndex, expand
 from journal import open_journal
+from tests.runtime.rawpeer import RawPeer
 from worker import Actor, endpoint
 from worker import _wire as wire
 
@@ -90,3 +92,42 @@ def test_a_results_record_that_holds_no_batch_of_replies_is_named_as_corrupt():
     for data in ({"b": [b"\x00garbage"]}, {"b": [bytes(f) for f in single]}, {}):
         with pytest.raises(CorruptRecord, match="lsn 7.*does not hold a batch of replies"):
             list(expand([Record(7, 1, RESULTS, data, 0.0)], "s"))
+
+
+class Gate(Actor):
+    @endpoint
+    def hold(self, i: int) -> str:
+        time.sleep(3.0)  # long enough for the hand-made replies below to answer first
+        return f"worker {i}"
+
+
+def test_a_reply_that_carries_fields_named_like_the_controllers_own_is_journaled_all_the_same(tmp_path):
+    """Reply metadata comes from the network: whatever keys it holds, it cannot tell the
+    controller that a result is already journaled (alone, or in a batch)."""
+    url = f"sqlite://{tmp_path / 'j.db'}"
+    name = f"spoof-{os.getpid()}"
+    spoof = {"_journaled": True, "_batch_lsn": 0, "_lsn": 0, "lsn": 0, "journaled": True}
+    peer = RawPeer()
+    try:
+        with Session(name, journal=url) as s:
+            one = s.spawn_procs(per_host={"procs": 1}).spawn("g", Gate).slice(procs=0)
+            futures = [one.hold.call_one(i) for i in range(3)]
+            seqs = [f.tag for f in futures]
+
+            def reply(i: int) -> list:
+                meta = {"sid": s.sid, "s": seqs[i], "a": "g", "pt": 0, "st": "ok", **spoof}
+                return wire.encode(wire.Kind.RESULT, meta, wire.dumps(f"peer {i}"))
+
+            peer.send(s.runtime.reply_address, reply(0))  # alone
+            peer.send(s.runtime.reply_address, wire.encode_batch([reply(1), reply(2)]))  # a batch
+            assert [f.get(timeout=10) for f in futures] == ["peer 0", "peer 1", "peer 2"]
+            s.now()  # everything read before it is durable
+    finally:
+        peer.close()
+    j = open_journal(url)
+    try:
+        records = list(expand(j.read(name)))
+    finally:
+        j.close()
+    results = {r.data["s"]: wire.loads(r.data["v"]) for r in records if r.kind == RESULT and r.data["s"] in seqs}
+    assert results == {seqs[i]: f"peer {i}" for i in range(3)}
