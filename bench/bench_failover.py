@@ -75,7 +75,7 @@ class Sizes:
     jitter_s: float = 0.5  # random phase against the lease keepalive (ttl/4 period)
     round_trips: int = 1_000  # per repeat
     pipelined: int = 10_000
-    overhead_repeats: int = 5
+    overhead_repeats: int = 9
     warmup: int = 500
     replay_calls: int = 50_000  # read-and-match figure
     replay_repeats: int = 3
@@ -329,53 +329,107 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -> dict[str, Any]:
-    """One session per journal mode, all open at once; measurements take turns by repeat.
+def overhead_child(url: str, warmup: int) -> None:
+    """One session in a process of its own, measured on request (run_overhead drives it).
 
-    Besides rates, the CPU each pipelined batch costs the controller process, the worker proc
-    and the etcd server: on a shared 2-core machine that is steadier than wall time, and
-    it says where a journal's cost lands."""
+    Reads one JSON command per line on stdin and answers one JSON line on stdout:
+    {"op": "pipelined", "n": N} -> rate and the process's CPU; {"op": "round_trips", "n": N}
+    -> latencies in ns. Everything else this process writes goes to stderr."""
     from controller import Session
 
+    answer = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    clock = time.perf_counter_ns
+    with Session(f"overhead-{secrets.token_hex(3)}", journal=url) as s:
+        call = s.spawn_procs(per_host={"procs": 1}).spawn("noop", Noop).slice(procs=0).noop.call_one
+        for _ in range(warmup):
+            call().get()
+        answer.write(json.dumps({"worker_pid": next(iter(s.runtime.procs.values())).pid}) + "\n")
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            n = cmd["n"]
+            if cmd["op"] == "pipelined":
+                with collected_heap():
+                    c0 = time.process_time()
+                    t0 = time.perf_counter()
+                    futures = [call() for _ in range(n)]
+                    for f in futures:
+                        f.get()
+                    out = {"rate": n / (time.perf_counter() - t0), "cpu_s": time.process_time() - c0}
+                del futures
+            else:
+                samples = []
+                with collected_heap():
+                    for _ in range(n):
+                        t = clock()
+                        call().get()
+                        samples.append(clock() - t)
+                out = {"samples": samples}
+            answer.write(json.dumps(out) + "\n")
+
+
+class OverheadChild:
+    """A running overhead_child: its process, its worker's pid, a request at a time."""
+
+    def __init__(self, url: str, warmup: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--overhead-child", url, "--warmup", str(warmup)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        hello = self.proc.stdout.readline()
+        if not hello:
+            raise RuntimeError(f"the overhead session on {url} exited before it was ready "
+                               f"(exit status {self.proc.wait()}); its stderr above says why")
+        self.worker_pid = json.loads(hello)["worker_pid"]
+
+    def ask(self, op: str, n: int) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps({"op": op, "n": n}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the overhead session exited during {op} (status {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -> dict[str, Any]:
+    """One session per journal mode, each in a process of its own, all open at once;
+    measurements take turns by repeat.
+
+    Own processes: sessions sharing one interpreter would share its GIL and collector, and
+    each mode's figures would carry the other sessions' threads. Besides rates, the CPU each
+    pipelined batch costs the controller process, the worker proc and the etcd server: on a
+    shared 2-core machine that is steadier than wall time, and it says where a journal's cost
+    lands."""
     rates: dict[str, list[float]] = {m: [] for m in journals}
     samples: dict[str, list[int]] = {m: [] for m in journals}
     cpu: dict[str, dict[str, list[float]]] = {m: {} for m in journals}
-    clock = time.perf_counter_ns
     with contextlib.ExitStack() as stack:
-        ones = {}
-        worker_pid = {}
+        children: dict[str, OverheadChild] = {}
         for mode, url in journals.items():
-            s = stack.enter_context(Session(f"overhead-{mode}-{secrets.token_hex(3)}", journal=url))
-            one = s.spawn_procs(per_host={"procs": 1}).spawn("noop", Noop).slice(procs=0)
-            for _ in range(sizes.warmup):
-                one.noop.call_one().get()
-            ones[mode] = one
-            worker_pid[mode] = next(iter(s.runtime.procs.values())).pid
+            children[mode] = OverheadChild(url, sizes.warmup)
+            stack.callback(children[mode].close)
         modes = list(journals)
         for rep in range(sizes.overhead_repeats):
             for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
-                call = ones[mode].noop.call_one
-                pids = {"worker": worker_pid[mode]}
+                child = children[mode]
+                pids = {"worker": child.worker_pid}
                 if etcd_pid is not None:
                     pids["etcd"] = etcd_pid
-                with collected_heap():
-                    before = {k: cpu_seconds(pid) for k, pid in pids.items()}
-                    c0 = time.process_time()
-                    t0 = time.perf_counter()
-                    futures = [call() for _ in range(sizes.pipelined)]
-                    for f in futures:
-                        f.get()
-                    rates[mode].append(sizes.pipelined / (time.perf_counter() - t0))
-                    used = {"controller": time.process_time() - c0}
-                    used.update({k: cpu_seconds(pid) - before[k] for k, pid in pids.items()})
+                before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                got = child.ask("pipelined", sizes.pipelined)
+                used = {k: cpu_seconds(pid) - before[k] for k, pid in pids.items()}
+                rates[mode].append(got["rate"])
+                used["controller"] = got["cpu_s"]
                 for k, v in used.items():
                     cpu[mode].setdefault(k, []).append(v * 1e6 / sizes.pipelined)
-                del futures
-                with collected_heap():
-                    for _ in range(sizes.round_trips):
-                        t = clock()
-                        call().get()
-                        samples[mode].append(clock() - t)
+                samples[mode] += child.ask("round_trips", sizes.round_trips)["samples"]
                 note(f"  repeat {rep} {mode:>6}: pipelined {rates[mode][-1]:,.0f} calls/s, "
                      f"call_one p50 {latency_stats(samples[mode][-sizes.round_trips:])['p50']} us")
     out: dict[str, Any] = {
@@ -400,7 +454,8 @@ def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -
     out["definition"] = (f"{sizes.pipelined} call_one futures to one no-op actor, then get() each; "
                          f"{sizes.round_trips} sequential call_one round trips per repeat "
                          f"(latency over all repeats); {sizes.overhead_repeats} repeats, modes "
-                         "taking turns; pipelined_ratio = median over repeats of journaled/off")
+                         "taking turns, each mode's session in a process of its own; "
+                         "pipelined_ratio = median over repeats of journaled/off")
     return out
 
 
@@ -780,7 +835,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="run only this part (repeatable): failover (SIGKILL and SIGTERM), overhead "
                         "(the journal on the call path), replay")
     p.add_argument("--json-out", type=Path, help="also write the JSON report to this file")
+    p.add_argument("--overhead-child", metavar="JOURNAL", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=int, default=Sizes.warmup, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.overhead_child:
+        os.environ.setdefault("REGENT_LOG_LEVEL", "WARNING")
+        overhead_child(a.overhead_child, a.warmup)
+        return
     sizes = Sizes.quick() if a.quick else Sizes()
     if a.runs:
         sizes = Sizes(**{**asdict(sizes), "runs": a.runs})
