@@ -2,7 +2,10 @@
 
 A record is msgpack `[lsn, epoch, kind, data, ts]` framed with its crc32, so a flipped bit is
 caught and named by lsn. Many records share one stored value (a batch): that is what makes
-group commit cheap. Pure functions only; nothing here does IO or ever unpickles.
+group commit cheap. A batch of COMPRESS_MIN_BYTES or more is stored zlib-compressed: the
+call path's records (digests, seqs, replies as the worker sent them) shrink about 14x, and
+so do the bytes etcd replicates, fsyncs and counts against its quota. Pure functions only;
+nothing here does IO or ever unpickles.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import msgpack
 from .errors import CorruptRecord, JournalError, RecordTooLarge
 from .records import Record
 
-BATCH_FORMAT = b"\x01"
+BATCH_FORMAT = b"\x01"  # count, then the framed records
+ZLIB_BATCH_FORMAT = b"\x02"  # count, their length, then the framed records zlib-compressed
+COMPRESS_MIN_BYTES = 4096  # below this a batch is stored as is: too small to gain
+MAX_BATCH_BYTES = 16 << 20  # no batch the writer stores unpacks to more (it cuts ~512 KiB ones)
 CHECKPOINT_FORMAT = b"\x01"
 
 # A record larger than this belongs outside the journal (digest and size only): etcd refuses
@@ -81,30 +87,66 @@ def encode_entries(epoch: int, entries: list) -> list[bytes]:
 
 
 def encode_batch(frames: list[bytes]) -> bytes:
-    """Join framed records (contiguous lsns) into one stored value."""
+    """Join framed records (contiguous lsns) into one stored value, compressed if that pays.
+
+    zlib level 1: about 1 ms for a 300 KiB batch, with the GIL released, where a 300 KiB
+    value costs etcd about 1 ms more CPU than a 20 KiB one (and SQLite, overflow pages)."""
+    size = 0
+    for f in frames:
+        size += len(f)
+    if size >= COMPRESS_MIN_BYTES:
+        body = b"".join(frames)
+        packed = zlib.compress(body, 1)
+        if len(packed) < size:
+            return b"".join([ZLIB_BATCH_FORMAT, _packb(len(frames)), _packb(size), packed])
     return b"".join([BATCH_FORMAT, _packb(len(frames)), *frames])
 
 
-def batch_count(value: bytes, session: str, first_lsn: int) -> int:
-    """Return how many records a stored batch claims to hold, reading only its header."""
-    if value[:1] != BATCH_FORMAT:
+def _header(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacker, int]:
+    """The batch's header read (record count checked); the unpacker stands after the count."""
+    if value[:1] not in (BATCH_FORMAT, ZLIB_BATCH_FORMAT):
         raise CorruptRecord(session, first_lsn, f"batch has unknown format byte {value[:1]!r}")
     unpacker = msgpack.Unpacker()
-    unpacker.feed(value[1:10])
+    unpacker.feed(value[1:20])
     try:
         count = unpacker.unpack()
     except Exception as exc:
         raise CorruptRecord(session, first_lsn, f"batch header is unreadable ({exc})") from exc
     if not isinstance(count, int) or count < 1:
         raise CorruptRecord(session, first_lsn, f"batch header claims {count!r} records")
-    return count
+    return unpacker, count
+
+
+def batch_count(value: bytes, session: str, first_lsn: int) -> int:
+    """Return how many records a stored batch claims to hold, reading only its header."""
+    return _header(value, session, first_lsn)[1]
 
 
 def _frames(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacker, int]:
-    count = batch_count(value, session, first_lsn)
-    unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=len(value) + 16)
-    unpacker.feed(memoryview(value)[1:])
-    unpacker.unpack()
+    """An unpacker over the batch's framed records, and their count."""
+    header, count = _header(value, session, first_lsn)
+    if value[:1] == BATCH_FORMAT:
+        unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=len(value) + 16)
+        unpacker.feed(memoryview(value)[1:])
+        unpacker.unpack()
+        return unpacker, count
+    where = f"compressed batch of {count} records (lsn {first_lsn}..{first_lsn + count - 1})"
+    try:
+        size = header.unpack()
+    except Exception as exc:
+        raise CorruptRecord(session, first_lsn, f"{where} has an unreadable length ({exc})") from exc
+    if type(size) is not int or not 0 < size <= MAX_BATCH_BYTES:
+        raise CorruptRecord(session, first_lsn, f"{where} claims {size!r} bytes")
+    inflate = zlib.decompressobj()
+    try:
+        body = inflate.decompress(memoryview(value)[1 + header.tell():], size)
+    except zlib.error as exc:
+        raise CorruptRecord(session, first_lsn, f"{where} is damaged ({exc})") from exc
+    if len(body) != size or not inflate.eof or inflate.unconsumed_tail or inflate.unused_data:
+        raise CorruptRecord(session, first_lsn,
+                            f"{where} is damaged (it inflates to other than the {size} bytes it claims)")
+    unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=size + 16)
+    unpacker.feed(body)
     return unpacker, count
 
 
@@ -147,7 +189,12 @@ def inspect_batch(
     try:
         unpacker, count = _frames(value, session, first_lsn)
     except CorruptRecord as exc:
-        return entries, [f"lsn {first_lsn}: {exc.problem}"]
+        try:
+            count = batch_count(value, session, first_lsn)
+        except CorruptRecord:
+            return entries, [f"lsn {first_lsn}: {exc.problem}"]
+        # A compressed batch that will not inflate: its header still says which lsns it held.
+        return [(first_lsn + i, None, None) for i in range(count)], [f"lsn {first_lsn}: {exc.problem}"]
     lsn = first_lsn
     for _ in range(count):
         try:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import zlib
+
+import msgpack
 import pytest
 
 from journal import CorruptRecord, Journal
-from journal.codec import encode_batch, encode_record
+from journal.codec import (
+    MAX_BATCH_BYTES,
+    ZLIB_BATCH_FORMAT,
+    decode_batch,
+    encode_batch,
+    encode_record,
+)
 
 
 def _write_one_per_batch(journal: Journal, session: str, holder: str, lsns: range):
@@ -78,6 +87,56 @@ def test_verify_catches_a_torn_batch(journal: Journal, session: str, raw):
     with pytest.raises(CorruptRecord):
         list(journal.read(session))
     lead.close()
+
+
+def _append_a_large_batch(journal: Journal, session: str) -> tuple:
+    lead = journal.campaign(session, "a")
+    records = [("call", {"i": i, "digest": bytes(16), "actor": "trainer", "method": "step"})
+               for i in range(400)]
+    lead.append(records)
+    return lead, records
+
+
+def test_a_large_batch_is_stored_compressed_and_reads_back_record_by_record(
+    journal: Journal, session: str, raw
+):
+    lead, records = _append_a_large_batch(journal, session)
+    value = raw.get(session, 0)
+    framed = sum(len(encode_record(i, lead.epoch, k, d, 0.0)) for i, (k, d) in enumerate(records))
+    assert value[:1] == ZLIB_BATCH_FORMAT and len(value) * 5 < framed
+    assert [(r.lsn, r.kind, r.data) for r in journal.read(session)] == [
+        (i, k, d) for i, (k, d) in enumerate(records)]
+    assert journal.verify(session).ok
+    lead.close()
+
+
+def test_verify_and_read_name_a_compressed_batch_that_will_not_inflate(
+    journal: Journal, session: str, raw
+):
+    lead, records = _append_a_large_batch(journal, session)
+    value = bytearray(raw.get(session, 0))
+    value[len(value) // 2] ^= 0x10
+    raw.put(session, 0, bytes(value))
+
+    report = journal.verify(session)
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(
+        f"lsn 0: compressed batch of {len(records)} records (lsn 0..{len(records) - 1}) is damaged")
+    assert report.records == len(records)  # its header still says which lsns it held: no gap
+    with pytest.raises(CorruptRecord, match="lsn 0: compressed batch .* is damaged") as info:
+        list(journal.read(session))
+    assert info.value.lsn == 0
+    lead.close()
+
+
+def test_a_compressed_batch_claiming_an_absurd_size_is_refused_before_it_is_inflated():
+    body = b"".join(encode_record(i, 1, "call", {"pad": "x" * 64}, 0.0) for i in range(80))
+    for size in (-1, 0, MAX_BATCH_BYTES + 1, "big", len(body) - 1):
+        value = ZLIB_BATCH_FORMAT + msgpack.packb(80) + msgpack.packb(size) + zlib.compress(body, 1)
+        with pytest.raises(CorruptRecord, match="lsn 9: compressed batch of 80 records"):
+            decode_batch(value, "s", 9)
+    good = ZLIB_BATCH_FORMAT + msgpack.packb(80) + msgpack.packb(len(body)) + zlib.compress(body, 1)
+    assert [r.lsn for r in decode_batch(good, "s", 0)] == list(range(80))
 
 
 def test_checkpoint_records_its_lsn_and_survives_a_new_leader(journal: Journal, session: str):
