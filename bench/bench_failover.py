@@ -435,8 +435,10 @@ def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -
     out: dict[str, Any] = {
         "pipelined_calls_per_s": {m: rate_stats(r) for m, r in rates.items()},
         "call_one_us": {m: latency_stats(s) for m, s in samples.items()},
+        # The mean over repeats, i.e. all CPU over all calls: /proc counts in 10 ms ticks, a
+        # tenth of a repeat's etcd CPU, so one repeat's figure is too coarse to take a median of.
         "pipelined_cpu_us_per_call": {
-            m: {k: round(statistics.median(v), 1) for k, v in by.items()} for m, by in cpu.items()},
+            m: {k: round(statistics.fmean(v), 2) for k, v in by.items()} for m, by in cpu.items()},
     }
     if "off" in rates:
         # Each repeat runs the modes back to back, so a ratio within a repeat sees the same

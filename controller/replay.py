@@ -51,19 +51,21 @@ _RESULT = wire.Kind.RESULT
 RESULTS_MAX_BYTES = 256 * 1024  # a batch of replies larger than this is journaled result by result
 
 
-def covered(kind: wire.Kind, meta: dict, payload: list, small: bool = False) -> bool:
-    """Is this reply from a batch journaled within the batch's RESULTS record?
+def covered(replies: list[tuple[wire.Kind, dict, list]], small: bool = False) -> list[int]:
+    """Which replies of a batch its RESULTS record journals (their indices).
 
     Plain values of program calls, small enough for the journal. Everything else (failures,
     which may need a durable record; large values, journaled as a digest; answers to the
     supervisor's requests) gets a RESULT record of its own. `small`: the caller knows the
-    whole batch is within LARGE_RESULT_BYTES, so no reply in it can be larger (one reply's
-    size is then not summed again: this runs for every reply the controller receives)."""
-    if kind is not _RESULT or meta.get("st") != "ok" or "n" in meta:
-        return False
-    if type(meta.get("s")) is not int or type(meta.get("pt")) is not int:
-        return False
-    return small or wire.payload_size(payload) <= LARGE_RESULT_BYTES
+    whole batch is within LARGE_RESULT_BYTES, so no reply in it can be larger. One call per
+    batch, not per reply: the controller runs this for every batch it receives."""
+    out = []
+    for i, (kind, meta, payload) in enumerate(replies):
+        if (kind is _RESULT and meta.get("st") == "ok" and "n" not in meta
+                and type(meta.get("s")) is int and type(meta.get("pt")) is int
+                and (small or wire.payload_size(payload) <= LARGE_RESULT_BYTES)):
+            out.append(i)
+    return out
 
 
 def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
@@ -90,10 +92,10 @@ def _batched_results(rec: Record, session: str) -> Iterator[Record]:
     except (ProtocolError, KeyError, TypeError, ValueError) as e:
         raise CorruptRecord(session or "(unnamed)", rec.lsn,
                             f"a results record does not hold a batch of replies ({e})") from e
-    for kind, meta, payload in replies:
-        if covered(kind, meta, payload):
-            yield Record(rec.lsn, rec.epoch, RESULT,
-                         {"s": meta["s"], "pt": meta["pt"], "st": "ok", "v": wire.frame_bytes(payload)}, rec.ts)
+    for i in covered(replies):
+        _, meta, payload = replies[i]
+        yield Record(rec.lsn, rec.epoch, RESULT,
+                     {"s": meta["s"], "pt": meta["pt"], "st": "ok", "v": wire.frame_bytes(payload)}, rec.ts)
 
 
 def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", points: Iterable[int] = ()) -> str:

@@ -318,25 +318,23 @@ class Session:
         size = wire.payload_size(frames)
         if size > RESULTS_MAX_BYTES:
             return None
-        small = size <= LARGE_RESULT_BYTES  # then no reply in it is large: covered need not sum it
-        marked = []
+        # A batch within LARGE_RESULT_BYTES holds no large reply: covered need not sum each.
+        marked = covered(replies, size <= LARGE_RESULT_BYTES)
+        if len(marked) < 2:
+            return None
         low = math.inf
         calls = self.core.calls
         with self.runtime.lock:
-            for i, (kind, meta, payload) in enumerate(replies):
-                if not covered(kind, meta, payload, small):
-                    continue
+            for i in marked:
+                meta = replies[i][1]
                 # A repeated reply (a resend answered twice) is not journaled again: then the
                 # batch goes result by result, where only the first answer counts.
                 seq = meta["s"]
                 call = calls.get(seq)
                 if call is None or meta["pt"] in call.results:
                     return None
-                marked.append(i)
                 if seq < low:
                     low = seq
-        if len(marked) < 2:
-            return None
         try:
             lsn = self.writer.submit(RESULTS, {"b": wire.frame_bytes(frames)}, lazy=True)
         except Exception:  # noqa: BLE001 - each reply then tries its own record, and says why
