@@ -18,7 +18,7 @@ import runpy
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from controller.core import ControllerCore, Outcome
 from controller.mesh import HostMesh, StreamSink
 from controller.replay import (
     CALL,
+    CALLS,
     CHECKPOINT,
     END,
     OBS,
@@ -177,8 +178,10 @@ class _NoWrites:
     def hurry(self, within_s: float) -> None:
         pass
 
-    def collect(self, kind: str, item: list) -> None:
-        raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
+    def collector(self, kind: str) -> Callable[[Any], None]:
+        def refuse(item: Any) -> None:
+            raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
+        return refuse
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
         pass
@@ -287,6 +290,7 @@ class AuditSession(Session):
         self.run_id = ctx.index.run
         self.sid = f"{name}.{self.run_id}"
         self.writer = _NoWrites()
+        self._collect_call = self.writer.collector(CALLS)
         self.replaying = True  # for the whole audit: s.log stays quiet
         self.core = ControllerCore(self.sid)
         self._marks = collections.deque()

@@ -153,7 +153,11 @@ class Session:
             self._replay = None
             self.run_id = secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
-        self.writer = NoWriter() if journal == "off" else GroupCommitWriter(self.lead, max_delay_s=JOURNAL_LINGER_S)
+        self._journal_failed: BaseException | None = None
+        self.writer = NoWriter() if journal == "off" else GroupCommitWriter(
+            self.lead, max_delay_s=JOURNAL_LINGER_S, on_failure=self._on_journal_failed)
+        # Each live call's record: one deque append (replay.expand reads CALLS records).
+        self._collect_call = self.writer.collector(CALLS)
         self._no_journal = isinstance(self.writer, NoWriter)
         self._observed_lsn = -1  # the last journaled outcome the program has read
         self._observed_holders: set[str] = set()  # procs holding read outcomes not yet durable
@@ -262,11 +266,18 @@ class Session:
         log.error("leadership lost; this controller stops driving workers", session=self.name, reason=reason)
         self.runtime.fail_all(self._lost)
 
+    def _on_journal_failed(self, exc: BaseException) -> None:
+        """The writer could not append (its thread): the next call raises why (_check_live).
+        A lost leadership has told us already (lead.on_lost), and fails what is in flight."""
+        self._journal_failed = exc
+
     def _check_live(self) -> None:
         if self._closed:
             raise RuntimeError(f"session {self.name!r} is closed")
         if self._lost:
             raise LeadershipLost(self._lost)
+        if self._journal_failed is not None:
+            raise self._journal_failed
         if self.runtime.fenced:
             raise LeadershipLost(f"leadership of session {self.name!r} lost: {self.runtime.fenced}")
 
@@ -345,13 +356,6 @@ class Session:
         for i in marked:
             lsns[i] = lsn
         return lsns
-
-    def _collect(self, kind: str, item: list) -> None:
-        try:
-            self.writer.collect(kind, item)
-        except LeadershipLost as e:
-            self._on_leadership_lost(str(e))
-            raise
 
     def _record_result(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """IO thread: journal a point's outcome before the program can see it."""
@@ -760,7 +764,7 @@ class Session:
             # One item of a CALLS record (replay.expand): the writer's thread encodes it with the
             # others; nothing waits for a call record. A tuple of atoms (ranks is one too): the
             # cyclic GC stops tracking it, where ~5,000 lists in flight cost ~2 us a call.
-            self._collect(CALLS, (seq, kind, actor, method, digest, ranks, time.time()))
+            self._collect_call((seq, kind, actor, method, digest, ranks, time.time()))
             self.stats["live"] += 1
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}

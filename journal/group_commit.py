@@ -7,16 +7,19 @@ appends whatever has accumulated in one go. Records that nobody waits for linger
 Submitting is cheap because the controller submits on its call path: a short lock keeps lsn
 order equal to queue order, and the writer thread is woken only when it may be waiting for
 exactly this record. A `lazy` record is not even encoded by its submitter: the writer thread
-encodes it with the rest of its batch, off the submitter's critical path. Cheaper still,
-`collect` adds an item to a group that becomes one record: for many small records of one
-kind that nobody waits for (the controller's call records in a pipelined burst).
+encodes it with the rest of its batch, off the submitter's critical path. Cheaper still, a
+`collector` takes items that become few records: for many small records of one kind that
+nobody waits for (the controller's call records in a pipelined burst). Adding an item is one
+C-level deque append, with no lock and no Python frame: it is on every call's path.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -39,7 +42,10 @@ class GroupCommitWriter:
     every later submit.
     """
 
-    def __init__(self, lead: Leadership, max_batch: int = 512, max_delay_s: float = 0.002) -> None:
+    def __init__(self, lead: Leadership, max_batch: int = 512, max_delay_s: float = 0.002,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """`on_failure(exc)` is called once, on the writer's thread, when an append fails:
+        a collector's items raise nothing, so their owner hears of a failure this way."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._lead = lead
@@ -57,10 +63,10 @@ class GroupCommitWriter:
         self._durable = lead.next_lsn - 1
         self._urgent_upto = -1
         self._hurry_at = math.inf  # a deadline sooner than the linger (hurry), until the next take
-        # The open group (collect): its kind and items; it takes an lsn when it is closed.
-        self._group_kind = ""
-        self._group: list[Any] = []
-        self._group_ts = 0.0
+        # Collected items by kind (collector): they take lsns, GROUP_ITEMS to a record, when
+        # anything else takes an lsn or the writer thread takes a batch.
+        self._collected: dict[str, collections.deque] = {}
+        self._on_failure = on_failure
         self._error: BaseException | None = None
         self._closing = False
         self._thread = threading.Thread(
@@ -98,8 +104,8 @@ class GroupCommitWriter:
         with self._lock:
             if self._error is not None or self._closing:
                 self._raise_if_failed()
-            if self._group:
-                self._close_group_locked()
+            if self._collected:
+                self._close_groups_locked()
             lsn = self._next_lsn
             pending = self._pending
             if lazy:
@@ -129,38 +135,36 @@ class GroupCommitWriter:
                 self._hurry_at = due
                 self._cond.notify_all()
 
-    def collect(self, kind: str, item: Any) -> None:
-        """Add `item` to the open group of `kind`: one record `{"items": [...]}` of that kind.
+    def collector(self, kind: str) -> Callable[[Any], None]:
+        """A function that adds an item to records `{"items": [...]}` of `kind`.
 
-        The group takes its lsn (and so its place in the log) when it is closed: by the next
-        `submit`, by the writer thread taking a batch, by `flush`, or when it holds
-        `GROUP_ITEMS` items. So every item comes before any record submitted after it. Nobody
-        can wait for one item; items are encoded lazily (see `submit`): small, of plain types.
+        Items take their lsns (and so their place in the log) when anything else takes one:
+        a `submit`, the writer thread taking a batch (at the latest one linger after the
+        item), or `flush`. So every item comes before any record submitted after it was
+        added; items of one kind keep their order, items of different kinds need not. Nobody
+        can wait for one item, and adding one raises nothing, not even after the writer failed
+        (see `on_failure`). Items are encoded lazily (see `submit`): small, of plain types.
         """
         with self._lock:
-            if self._error is not None or self._closing:
-                self._raise_if_failed()
-            if self._group_kind != kind and self._group:
-                self._close_group_locked()
-            group = self._group
-            if not group:
-                self._group_kind = kind
-                self._group_ts = time.time()
-            group.append(item)
-            wake = len(group) == 1 and not self._pending
-            if len(group) >= GROUP_ITEMS:
-                self._close_group_locked()
-                wake = len(self._pending) in (1, self._max_batch)
-        if wake:
-            with self._cond:
-                self._cond.notify_all()
+            items = self._collected.get(kind)
+            if items is None:
+                items = self._collected[kind] = collections.deque()
+        return items.append
 
-    def _close_group_locked(self) -> None:
-        """Give the open group its lsn: it joins the queue as one lazy record. Holds _lock."""
-        lsn = self._next_lsn
-        self._pending.append((lsn, self._group_kind, {"items": self._group}, self._group_ts))
-        self._next_lsn = lsn + 1
-        self._group = []
+    def _close_groups_locked(self) -> None:
+        """Give the collected items their lsns, as lazy records. Holds _lock.
+
+        Items are only ever taken here, under _lock, and only appended elsewhere: popping as
+        many as were counted takes each item once, however many are appended meanwhile."""
+        pending = self._pending
+        ts = time.time()
+        for kind, items in self._collected.items():
+            n = len(items)
+            while n:
+                take = min(n, GROUP_ITEMS)
+                pending.append((self._next_lsn, kind, {"items": [items.popleft() for _ in range(take)]}, ts))
+                self._next_lsn += 1
+                n -= take
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
         """Block until record `lsn` is durable; raise the append error if the write failed."""
@@ -186,8 +190,7 @@ class GroupCommitWriter:
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every submitted record is durable; return the last lsn (-1 if none)."""
         with self._lock:
-            if self._group:
-                self._close_group_locked()
+            self._close_groups_locked()
             last = self._next_lsn - 1
         if last > self._durable:
             self.wait_durable(last, timeout)
@@ -231,16 +234,23 @@ class GroupCommitWriter:
             log.debug("writer close failed while handling another error")
 
     def _queued(self) -> int:
-        with self._lock:
-            return len(self._pending) + (1 if self._group else 0)
+        """How many records are waiting: those queued, and those the collected items will make."""
+        n = len(self._pending)
+        for items in self._collected.values():
+            n += -(-len(items) // GROUP_ITEMS)
+        return n
 
     def _take(self) -> tuple[int, list] | None:
         with self._cond:
+            waited_since = time.monotonic()
             while not self._queued():
                 if self._closing:
                     return None
-                self._cond.wait()
-            lingering_since = time.monotonic()
+                # A collected item wakes nobody: look again after a linger, and count the
+                # linger of what this finds from when the look began.
+                waited_since = time.monotonic()
+                self._cond.wait(self._max_delay_s)
+            lingering_since = waited_since
             while (
                 self._urgent_upto < self._pending_first
                 and not self._closing
@@ -254,8 +264,7 @@ class GroupCommitWriter:
             # Before the queue is cut: a record queued after this is hurried by a later call.
             self._hurry_at = math.inf
             with self._lock:
-                if self._group:
-                    self._close_group_locked()
+                self._close_groups_locked()
                 first = self._pending_first
                 entries = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
@@ -282,8 +291,14 @@ class GroupCommitWriter:
                     with self._lock:
                         self._error = exc
                         self._pending.clear()
-                        self._group = []
+                        for items in self._collected.values():
+                            items.clear()
                     self._cond.notify_all()
+                if self._on_failure is not None:
+                    try:
+                        self._on_failure(exc)
+                    except Exception:
+                        log.exception("on_failure callback failed", session=self._lead.session)
                 return
             with self._cond:
                 self._durable = last

@@ -177,34 +177,72 @@ def test_collected_items_become_one_record_before_anything_submitted_after_them(
 ):
     lead = journal.campaign(session, "a")
     with GroupCommitWriter(lead, max_delay_s=30.0) as writer:
+        collect = writer.collector("calls")
         for i in range(5):
-            writer.collect("calls", [i, "x"])
+            collect([i, "x"])
         lsn = writer.submit("observation", {"now": 1.0})
-        writer.collect("calls", [5, "x"])
-        writer.wait_durable(lsn, timeout=5)  # the group closed at the submit, durable with it
-        # The writer took the group opened since as well: it takes whatever is there.
+        collect([5, "x"])
+        writer.wait_durable(lsn, timeout=5)  # the items took their lsn at the submit
+        # The writer took the item added since as well: it takes whatever is there.
         assert [(r.lsn, r.kind, r.data) for r in journal.read(session)] == [
             (0, "calls", {"items": [[i, "x"] for i in range(5)]}), (1, "observation", {"now": 1.0}),
             (2, "calls", {"items": [[5, "x"]]})]
-        writer.collect("calls", [6, "x"])
-        assert writer.flush() == 3  # a flush closes the open group
+        collect([6, "x"])
+        assert writer.flush() == 3  # a flush gives them their lsn too
     assert [r.data for r in journal.read(session)][3:] == [{"items": [[6, "x"]]}]
     lead.close()
 
 
-def test_a_collected_group_closes_at_its_size_and_when_the_linger_ends(
+def test_collected_items_are_written_within_two_lingers_and_a_record_holds_at_most_group_items(
     journal: Journal, session: str
 ):
     lead = journal.campaign(session, "a")
     with GroupCommitWriter(lead, max_delay_s=0.05) as writer:
+        collect = writer.collector("calls")
         for i in range(GROUP_ITEMS + 3):
-            writer.collect("calls", [i])
+            collect([i])
         deadline = time.monotonic() + 10
         while writer.durable_lsn < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)  # nobody waits: the writer thread closes the rest by itself
+            time.sleep(0.01)  # nobody waits, nothing wakes the writer: it looks by itself
         assert writer.durable_lsn == 1
-    sizes = [len(r.data["items"]) for r in journal.read(session)]
-    assert sizes == [GROUP_ITEMS, 3]
+    assert [len(r.data["items"]) for r in journal.read(session)] == [GROUP_ITEMS, 3]
+    lead.close()
+
+
+def test_items_collected_from_many_threads_are_each_written_once_in_order_per_thread(
+    journal: Journal, session: str
+):
+    lead = journal.campaign(session, "a")
+    per_thread = 3000
+    with GroupCommitWriter(lead, max_delay_s=0.002) as writer:
+        collect = writer.collector("calls")
+
+        def produce(t: int) -> None:
+            for i in range(per_thread):
+                collect((t, i))
+                if i % 500 == 0:
+                    writer.submit("mark", {"t": t, "i": i})  # drains while others append
+
+        _in_threads(4, produce)
+        writer.flush()
+    items = [tuple(x) for r in journal.read(session) if r.kind == "calls" for x in r.data["items"]]
+    assert len(items) == len(set(items)) == 4 * per_thread
+    for t in range(4):
+        assert [i for th, i in items if th == t] == list(range(per_thread))
+    lead.close()
+
+
+def test_a_failed_append_is_reported_to_on_failure_once(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    failures: list[BaseException] = []
+    writer = GroupCommitWriter(lead, max_delay_s=0.002, on_failure=failures.append)
+    writer.collector("calls")(["never written"])
+    writer.submit("bad", {"x": object()}, lazy=True)  # fails the writer on its thread
+    with pytest.raises(JournalError, match="could not be written"):
+        writer.flush(timeout=5)
+    assert len(failures) == 1 and isinstance(failures[0], JournalError)
+    with pytest.raises(JournalError):
+        writer.close()
     lead.close()
 
 
