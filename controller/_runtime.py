@@ -343,8 +343,10 @@ class Runtime:
             self._deliver(call, point, outcome)
 
     def _deliver(self, call: PendingCall, point: int, outcome: Outcome) -> None:
-        """Journal first (the session decides how durably), then let the program see it."""
-        if self.record_result is not None:
+        """Journal first (the session decides how durably), then let the program see it.
+        An outcome journaled already (in its batch's record, or read from the journal) needs
+        nothing more."""
+        if self.record_result is not None and not outcome.journaled:
             self.record_result(call, point, outcome)
         call.sink.deliver(call, point)
 
