@@ -78,12 +78,15 @@ def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
             for s, k, a, m, d, pts, ts in rec.data["items"]:
                 yield Record(lsn, epoch, CALL, {"s": s, "k": k, "a": a, "m": m, "d": d, "pts": pts}, ts)
         elif kind == RESULTS:
-            yield from _batched_results(rec, session)
+            lsn, epoch, ts = rec.lsn, rec.epoch, rec.ts
+            for data in batched_results(rec, session):
+                yield Record(lsn, epoch, RESULT, data, ts)
         else:
             yield rec
 
 
-def _batched_results(rec: Record, session: str) -> Iterator[Record]:
+def batched_results(rec: Record, session: str = "") -> Iterator[dict]:
+    """The RESULT records' data a RESULTS record stands for: {s, pt, st: "ok", v: frames}."""
     try:
         kind, meta, payload = wire.decode(list(rec.data["b"]))
         if kind is not wire.Kind.BATCH:
@@ -94,8 +97,9 @@ def _batched_results(rec: Record, session: str) -> Iterator[Record]:
                             f"a results record does not hold a batch of replies ({e})") from e
     for i in covered(replies):
         _, meta, payload = replies[i]
-        yield Record(rec.lsn, rec.epoch, RESULT,
-                     {"s": meta["s"], "pt": meta["pt"], "st": "ok", "v": wire.frame_bytes(payload)}, rec.ts)
+        # The frames are views into the record's bytes: a copy each, kept as a tuple of bytes,
+        # which the cyclic GC stops tracking (a standby holds one per journaled call).
+        yield {"s": meta["s"], "pt": meta["pt"], "st": "ok", "v": tuple([bytes(f) for f in payload])}
 
 
 def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", points: Iterable[int] = ()) -> str:
@@ -106,14 +110,14 @@ def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", 
     return f"{kind} {where} on points {pts} (argument digest {digest.hex()[:12]})"
 
 
-@dataclass
+@dataclass(slots=True)
 class JournaledCall:
     seq: int
     kind: str
     actor: str = ""
     method: str = ""
     digest: bytes = b""
-    points: list[int] = field(default_factory=list)
+    points: tuple[int, ...] = ()
     value: Any = None
     results: dict[int, dict] = field(default_factory=dict)
     procs: list[dict] | None = None
@@ -132,8 +136,14 @@ class ReplayIndex:
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            for rec in expand(records):
-                self.add(rec)
+            for rec in records:
+                kind = rec.kind
+                if kind == CALLS:
+                    self._add_calls(rec)
+                elif kind == RESULTS:
+                    self._add_results(rec)
+                else:
+                    self.add(rec)
         finally:
             if gc_was_on:
                 gc.enable()
@@ -169,7 +179,7 @@ class ReplayIndex:
             self.max_seq = max(self.max_seq, d["s"])
             self.calls[d["s"]] = JournaledCall(
                 d["s"], d["k"], d.get("a", ""), d.get("m", ""), d.get("d", b""),
-                list(d.get("pts", ())), d.get("v"))
+                tuple(d.get("pts", ())), d.get("v"))
         elif kind == RESULT:
             call = self.calls.get(d["s"])
             if call is not None:
@@ -192,6 +202,36 @@ class ReplayIndex:
         elif kind == END:
             self.ended = True
 
+    def _add_calls(self, rec: Any) -> None:
+        """`add` for each CALL record a CALLS record stands for (as `expand` unpacks it),
+        without building the records: a standby indexes one per journaled call."""
+        self._note(rec, len(rec.data["items"]))
+        calls = self.calls
+        top = self.max_seq
+        for s, k, a, m, d, pts, _ts in rec.data["items"]:
+            calls[s] = JournaledCall(s, k, a, m, d, tuple(pts))
+            if s > top:
+                top = s
+        self.max_seq = top
+
+    def _add_results(self, rec: Any) -> None:
+        """`add` for each RESULT record a RESULTS record stands for (batched_results)."""
+        results = list(batched_results(rec))
+        self._note(rec, len(results))
+        calls = self.calls
+        for d in results:
+            call = calls.get(d["s"])
+            if call is not None:
+                call.results[d["pt"]] = d
+
+    def _note(self, rec: Any, n: int) -> None:
+        """Count `n` records stored in `rec` (its lsn and epoch)."""
+        if n:
+            self.last_lsn = rec.lsn
+            self.records += n
+            if not self.epochs or self.epochs[-1] != rec.epoch:
+                self.epochs.append(rec.epoch)
+
     def check(self, seq: int, kind: str, actor: str = "", method: str = "", digest: bytes = b"",
               points: Iterable[int] | None = None) -> JournaledCall | None:
         """The journaled call at seq if the new one matches it; None past the journal's end."""
@@ -200,7 +240,7 @@ class ReplayIndex:
             return None
         same = jc.kind == kind and jc.actor == actor and jc.method == method and jc.digest == digest
         if same and points is not None and kind != "choose":
-            same = jc.points == list(points)
+            same = jc.points == tuple(points)
         if not same:
             raise NonDeterminismError(seq, jc.describe(), describe(kind, actor, method, digest, points or ()))
         return jc

@@ -882,7 +882,7 @@ class Session:
 def _outcome_of(res: dict) -> Outcome:
     """A journaled result as the outcome the worker once sent."""
     meta = {"pt": res["pt"], **(res.get("x") or {})}
-    return Outcome(res["st"], meta, list(res.get("v") or []), journaled=True)
+    return Outcome(res["st"], meta, res.get("v") or (), journaled=True)
 
 
 def _sys_path() -> list[str]:
