@@ -11,6 +11,7 @@ re-sent under the same call id so workers dedupe it (invariants 2 and 3).
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import math
 import os
@@ -191,8 +192,22 @@ class Session:
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _raise_handoff)
+        self._gc_frozen = False
         if self._replay is not None:
             self._fence_known_workers()
+        # The replay index lives until replay ends: tens of thousands of objects the cyclic GC
+        # would rescan again and again while the program replays (a 20,000-call standby replay:
+        # 86-104k -> 121-127k records/s). Kept out of its scans until then, unless the program
+        # froze objects itself (its unfreeze is its own).
+        if self.replaying and gc.isenabled() and gc.get_freeze_count() == 0:
+            gc.freeze()
+            self._gc_frozen = True
+
+    def _thaw(self) -> None:
+        """Give back to the cyclic GC what was frozen for replay."""
+        if self._gc_frozen:
+            self._gc_frozen = False
+            gc.unfreeze()
 
     def _on_waiting(self) -> None:
         self.waited = True
@@ -218,6 +233,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._thaw()
         deposed = self._lost is not None or isinstance(error, (LeadershipLost, FencedError))
         handoff = isinstance(error, Handoff)
         try:
@@ -467,6 +483,7 @@ class Session:
 
     def _end_replay(self) -> None:
         self.replaying = False
+        self._thaw()
         log.info("replay complete; now live", session=self.name, seq=self.core.next_seq - 1,
                  replayed=self.stats["replayed"], resent=self.stats["resent"],
                  takeover_s=round(time.monotonic() - self.takeover_at, 3))
