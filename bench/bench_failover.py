@@ -358,6 +358,9 @@ def overhead_child(url: str, warmup: int) -> None:
                     out = {"rate": n / (time.perf_counter() - t0), "cpu_s": time.process_time() - c0}
                 del futures
             else:
+                # Not in the wake of the pipelined burst: its records are written first (a
+                # no-op with no journal), or the loop would time the writer's backlog.
+                s.writer.flush(timeout=60)
                 samples = []
                 with collected_heap():
                     for _ in range(n):
