@@ -236,7 +236,8 @@ class GroupCommitWriter:
     def _queued(self) -> int:
         """How many records are waiting: those queued, and those the collected items will make."""
         n = len(self._pending)
-        for items in self._collected.values():
+        # A snapshot (list() runs in C): collector() may add a kind meanwhile, under _lock.
+        for items in list(self._collected.values()):
             n += -(-len(items) // GROUP_ITEMS)
         return n
 
