@@ -131,3 +131,31 @@ def test_a_reply_that_carries_fields_named_like_the_controllers_own_is_journaled
         j.close()
     results = {r.data["s"]: wire.loads(r.data["v"]) for r in records if r.kind == RESULT and r.data["s"] in seqs}
     assert results == {seqs[i]: f"peer {i}" for i in range(3)}
+
+
+def test_a_journal_that_fails_under_a_session_fails_the_programs_next_call(tmp_path):
+    """Adding a call record raises nothing (a deque append): the writer's failure reaches the
+    program through on_failure, and its next call raises it before anything is sent."""
+    import contextlib
+
+    import pytest
+
+    from journal import JournalError
+
+    # Its procs outlive a session that could not end its run (a standby may need them):
+    # the host agent stops them once no controller has spoken for a second.
+    s = Session(f"fails-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}", orphan_timeout_s=1.0)
+    try:
+        one = s.spawn_procs(per_host={"procs": 1}).spawn("e", Echo).slice(procs=0)
+        assert one.echo.call_one(1).get(timeout=10) == 10
+        s.writer.submit("bad", {"x": object()}, lazy=True)  # the writer's thread fails on it
+        deadline = time.monotonic() + 10
+        while s._journal_failed is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sent = s.stats["live"]
+        with pytest.raises(JournalError, match="could not be written"):
+            one.echo.call_one(2)  # journals nothing durably itself: only on_failure can tell it
+        assert s.stats["live"] == sent
+    finally:
+        with contextlib.suppress(JournalError):
+            s.close()
