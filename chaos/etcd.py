@@ -35,6 +35,7 @@ class LocalEtcd:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="regent-chaos-etcd-"))
         self.client_port, self.peer_port = _free_port(), _free_port()
         self.proc: subprocess.Popen | None = None
+        self._started = False  # once started, restarts keep the ports: clients know them
         self._lock = threading.Lock()  # start, reap and stop come from different threads
 
     @property
@@ -60,6 +61,27 @@ class LocalEtcd:
     def _start(self, timeout_s: float) -> LocalEtcd:
         if self.running:
             return self
+        log_path = self.data_dir.with_suffix(".log")
+        for attempt in range(3):
+            logged = log_path.stat().st_size if log_path.exists() else 0
+            try:
+                self._spawn(timeout_s)
+            except RuntimeError:
+                # _free_port() found ports free a moment ago: another process may have bound
+                # one since. A first start takes others; a restart must keep its own.
+                with open(log_path, "rb") as f:
+                    f.seek(logged)
+                    taken = b"address already in use" in f.read()
+                if self._started or attempt == 2 or not taken:
+                    raise
+                self.proc = None
+                self.client_port, self.peer_port = _free_port(), _free_port()
+                continue
+            self._started = True
+            return self
+        raise AssertionError("unreachable")
+
+    def _spawn(self, timeout_s: float) -> None:
         client, peer = f"http://{self.address}", f"http://127.0.0.1:{self.peer_port}"
         log = open(self.data_dir.with_suffix(".log"), "ab")
         self.proc = proc = subprocess.Popen(
@@ -76,7 +98,7 @@ class LocalEtcd:
             try:
                 with urllib.request.urlopen(f"{client}/health", timeout=1) as r:
                     if b'"health":"true"' in r.read():
-                        return self
+                        return
             except OSError:
                 pass
             time.sleep(0.05)

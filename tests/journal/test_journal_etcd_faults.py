@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -130,3 +131,23 @@ def test_a_standby_keeps_waiting_through_an_etcd_restart(fresh_etcd: EtcdServer)
     standby.close()
     primary_journal.close()
     standby_journal.close()
+
+
+def test_a_test_etcd_whose_port_was_taken_since_it_was_chosen_starts_on_another():
+    """free_port() finds a port free at that moment; a process may bind it before etcd does."""
+    server = EtcdServer()
+    taken = server.client_port
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", taken))
+    blocker.listen()
+    try:
+        with server:
+            assert server.client_port != taken
+            j = open_journal(server.url)
+            try:
+                assert list(j.sessions()) == []
+            finally:
+                j.close()
+    finally:
+        blocker.close()
+        server.close()

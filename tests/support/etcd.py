@@ -48,6 +48,7 @@ class EtcdServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
         self._log_file = None
+        self._started = False
 
     @property
     def address(self) -> str:
@@ -78,13 +79,33 @@ class EtcdServer:
     def start(self) -> EtcdServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
-        self._log_file = open(self.log_path, "ab")  # closed in _reap
-        self.proc = subprocess.Popen(
-            self._command(), stdout=self._log_file, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        self.wait_healthy()
-        return self
+        first = not self._started
+        for attempt in range(3):
+            self._log_file = open(self.log_path, "ab")  # closed in _reap
+            logged = self.log_path.stat().st_size
+            self.proc = subprocess.Popen(
+                self._command(), stdout=self._log_file, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                self.wait_healthy()
+            except RuntimeError:
+                self.kill()
+                # free_port() only found ports free a moment ago: another process may have
+                # bound one since. A first start takes others; a restart must keep its own.
+                if not (first and attempt < 2 and self._lost_a_port(logged)):
+                    raise
+                self.client_port, self.peer_port = free_port(), free_port()
+                continue
+            self._started = True
+            return self
+        raise AssertionError("unreachable")
+
+    def _lost_a_port(self, since: int) -> bool:
+        """Did the last start fail because its port was taken (its log after byte `since`)?"""
+        with open(self.log_path, "rb") as f:
+            f.seek(since)
+            return b"address already in use" in f.read()
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
