@@ -13,11 +13,24 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["LocalEtcd", "etcd_binary"]
+__all__ = ["LocalEtcd", "etcd_binary", "lost_its_port"]
 
 
 def etcd_binary() -> str | None:
     return shutil.which(os.environ.get("REGENT_ETCD", "etcd"))
+
+
+def lost_its_port(log_path: Path, since: int) -> bool:
+    """Did an etcd fail to start because its port was taken? Its log after byte `since` says.
+
+    A port found free a moment ago (bind to port 0, close) may be bound by another process
+    before etcd binds it: a first start then takes other ports and tries again."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(since)
+            return b"address already in use" in f.read()
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
@@ -67,12 +80,8 @@ class LocalEtcd:
             try:
                 self._spawn(timeout_s)
             except RuntimeError:
-                # _free_port() found ports free a moment ago: another process may have bound
-                # one since. A first start takes others; a restart must keep its own.
-                with open(log_path, "rb") as f:
-                    f.seek(logged)
-                    taken = b"address already in use" in f.read()
-                if self._started or attempt == 2 or not taken:
+                # A first start takes other ports; a restart must keep its own.
+                if self._started or attempt == 2 or not lost_its_port(log_path, logged):
                     raise
                 self.proc = None
                 self.client_port, self.peer_port = _free_port(), _free_port()

@@ -81,25 +81,18 @@ def test_fault_log_serialises_the_timeline() -> None:
 
 
 def test_a_chaos_etcd_whose_port_was_taken_since_it_was_chosen_starts_on_another_and_restarts_there():
-    import socket
-
     from chaos.etcd import LocalEtcd, etcd_binary
+    from tests.support.etcd import held_port
 
     if etcd_binary() is None:
         pytest.skip("etcd is not on PATH (scripts/install_etcd.sh, or set REGENT_ETCD)")
     server = LocalEtcd()
     taken = server.client_port
-    blocker = socket.socket()
-    blocker.bind(("127.0.0.1", taken))
-    blocker.listen()
-    try:
-        with server:
-            moved = server.client_port
-            assert moved != taken
-            kill(server.proc.pid)
-            server.proc.wait()
-            server.reap()
-            server.start()  # a restart keeps the port its clients know
-            assert server.client_port == moved and server.running
-    finally:
-        blocker.close()
+    with held_port(taken), server:
+        moved = server.client_port
+        assert moved != taken
+        kill(server.proc.pid)
+        server.proc.wait()
+        server.reap()
+        server.start()  # a restart keeps the port its clients know
+        assert server.client_port == moved and server.running

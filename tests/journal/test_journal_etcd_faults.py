@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import pytest
 
 from journal import GroupCommitWriter, JournalUnavailable, open_journal
-from tests.support.etcd import EtcdServer, free_port
+from tests.support.etcd import EtcdServer, free_port, held_port
 
 
 def test_an_unreachable_etcd_is_named_with_how_to_start_one():
@@ -137,11 +136,8 @@ def test_a_test_etcd_whose_port_was_taken_since_it_was_chosen_starts_on_another(
     """free_port() finds a port free at that moment; a process may bind it before etcd does."""
     server = EtcdServer()
     taken = server.client_port
-    blocker = socket.socket()
-    blocker.bind(("127.0.0.1", taken))
-    blocker.listen()
     try:
-        with server:
+        with held_port(taken), server:
             assert server.client_port != taken
             j = open_journal(server.url)
             try:
@@ -149,5 +145,4 @@ def test_a_test_etcd_whose_port_was_taken_since_it_was_chosen_starts_on_another(
             finally:
                 j.close()
     finally:
-        blocker.close()
         server.close()

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +16,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+from chaos.etcd import lost_its_port
 
 ETCD_BINARY = os.environ.get("REGENT_ETCD", "etcd")
 MISSING_REASON = (
@@ -32,6 +36,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def held_port(port: int) -> Iterator[None]:
+    """Keep a loopback port bound and listening: what another process grabbing it looks like."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield
 
 
 class EtcdServer:
@@ -91,21 +104,14 @@ class EtcdServer:
                 self.wait_healthy()
             except RuntimeError:
                 self.kill()
-                # free_port() only found ports free a moment ago: another process may have
-                # bound one since. A first start takes others; a restart must keep its own.
-                if not (first and attempt < 2 and self._lost_a_port(logged)):
+                # A first start takes other ports; a restart must keep its own.
+                if not (first and attempt < 2 and lost_its_port(self.log_path, logged)):
                     raise
                 self.client_port, self.peer_port = free_port(), free_port()
                 continue
             self._started = True
             return self
         raise AssertionError("unreachable")
-
-    def _lost_a_port(self, since: int) -> bool:
-        """Did the last start fail because its port was taken (its log after byte `since`)?"""
-        with open(self.log_path, "rb") as f:
-            f.seek(since)
-            return b"address already in use" in f.read()
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
