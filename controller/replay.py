@@ -162,9 +162,8 @@ class ReplayIndex:
         self.max_seq = -1
 
     def add(self, rec: Any) -> None:
-        """Index one record (CALLS and RESULTS records go through `expand` first)."""
+        """Index one record (CALLS and RESULTS records through `_add_calls`, `_add_results`)."""
         kind, d = rec.kind, rec.data
-        self.last_lsn = rec.lsn
         if kind == START:
             self._reset()  # a new run: forget the previous one
             self.run = d["run"]
@@ -172,18 +171,14 @@ class ReplayIndex:
             self.records = 1
             self.epochs = [rec.epoch]
             return
-        self.records += 1
-        if not self.epochs or self.epochs[-1] != rec.epoch:
-            self.epochs.append(rec.epoch)
+        self._note(rec, 1)
         if kind == CALL:
             self.max_seq = max(self.max_seq, d["s"])
             self.calls[d["s"]] = JournaledCall(
                 d["s"], d["k"], d.get("a", ""), d.get("m", ""), d.get("d", b""),
                 tuple(d.get("pts", ())), d.get("v"))
         elif kind == RESULT:
-            call = self.calls.get(d["s"])
-            if call is not None:
-                call.results[d["pt"]] = d
+            self._add_result(d)
         elif kind == OBS:
             self.obs[(d["s"], d["w"], d.get("i", 0))] = d.get("v")
         elif kind == PROCS:
@@ -218,11 +213,13 @@ class ReplayIndex:
         """`add` for each RESULT record a RESULTS record stands for (batched_results)."""
         results = list(batched_results(rec))
         self._note(rec, len(results))
-        calls = self.calls
         for d in results:
-            call = calls.get(d["s"])
-            if call is not None:
-                call.results[d["pt"]] = d
+            self._add_result(d)
+
+    def _add_result(self, d: dict) -> None:
+        call = self.calls.get(d["s"])
+        if call is not None:
+            call.results[d["pt"]] = d
 
     def _note(self, rec: Any, n: int) -> None:
         """Count `n` records stored in `rec` (its lsn and epoch)."""

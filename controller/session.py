@@ -375,7 +375,7 @@ class Session:
 
     def _record_result(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """IO thread: journal a point's outcome before the program can see it."""
-        if outcome.status == "fenced" or outcome.journaled:
+        if outcome.status == "fenced":  # a journaled outcome never gets here (Runtime._deliver)
             return
         if self._no_journal:
             if outcome.status == "exit":

@@ -193,7 +193,7 @@ def test_collected_items_become_one_record_before_anything_submitted_after_them(
     lead.close()
 
 
-def test_collected_items_are_written_within_two_lingers_and_a_record_holds_at_most_group_items(
+def test_collected_items_are_written_with_nobody_waiting_and_a_record_holds_at_most_group_items(
     journal: Journal, session: str
 ):
     lead = journal.campaign(session, "a")
