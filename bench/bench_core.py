@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import pickle
 import platform
@@ -88,7 +89,8 @@ class Target:
     its result; wait_all(handles) for many, the runtime's idiomatic way; broadcast() sends
     a fire-and-forget no-op to every actor of the mesh; barrier() calls every actor and
     waits, which under per-sender FIFO means every earlier broadcast was delivered;
-    echo(x) sends x to one actor and returns what the actor returned.
+    echo(x) sends x to one actor and returns what the actor returned. pid: the process
+    that serves the calls, where there is one, for reading its CPU.
     """
 
     issue: Callable[[], Any]
@@ -97,6 +99,26 @@ class Target:
     broadcast: Callable[[], None]
     barrier: Callable[[], Any]
     echo: Callable[[Any], Any]
+    pid: int | None = None
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of the population `values` were drawn
+    from: the order statistics (k, n+1-k) with the largest k that still covers the median
+    with at least `confidence` (the binomial sign-test interval). None when too few values
+    allow one (fewer than 6 for 95%)."""
+    xs = sorted(values)
+    n = len(xs)
+    k = 0  # the largest k with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2, if any
+    below = 0.0
+    for j in range(n // 2 + 1):
+        below += math.comb(n, j) / 2**n  # P(B <= j)
+        if below > (1 - confidence) / 2:
+            break
+        k = j + 1
+    if k == 0:
+        return None
+    return xs[k - 1], xs[n - k]
 
 
 def latency_stats(samples_ns: list[int]) -> dict[str, float]:
@@ -238,7 +260,10 @@ def floor_server() -> None:
     ctx.term()
 
 
-def run_floor(sizes: Sizes) -> dict[str, Any]:
+@contextmanager
+def floor_target() -> Iterator[Target]:
+    """The floor as a Target: a DEALER here, the echo server (floor_server) in a process of
+    its own, for as long as the block runs. Only issue and wait do anything."""
     import zmq
 
     server = subprocess.Popen(
@@ -259,16 +284,15 @@ def run_floor(sizes: Sizes) -> dict[str, Any]:
         def wait(_: Any) -> Any:
             return pickle.loads(sock.recv())
 
-        t = Target(
+        yield Target(
             issue=issue,
             wait=wait,
             wait_all=lambda hs: [wait(h) for h in hs],
             broadcast=lambda: None,
             barrier=lambda: None,
             echo=lambda x: x,
+            pid=server.pid,
         )
-        rt = run_round_trips(t, sizes)
-        pipelined = run_pipelined(t, sizes)
         sock.send(pickle.dumps(None))
         server.wait(timeout=10)
     finally:
@@ -277,6 +301,12 @@ def run_floor(sizes: Sizes) -> dict[str, Any]:
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def run_floor(sizes: Sizes) -> dict[str, Any]:
+    with floor_target() as t:
+        rt = run_round_trips(t, sizes)
+        pipelined = run_pipelined(t, sizes)
     note(f"  round trip us {rt}, pipelined msgs/s {pipelined}")
     return {
         "what": "pyzmq DEALER->ROUTER round trip between two Python processes over TCP "
@@ -542,7 +572,9 @@ def main(argv: list[str] | None = None) -> None:
     run_and_report(lambda: bench(a.quick, a.peers, a.peer_timeout, a.journal), summary, a.json_out)
 
 
-def run_and_report(run: Callable[[], dict], summary: Callable[[dict], None], json_out: Path | None) -> None:
+def run_and_report(
+    run: Callable[[], dict], summary: Callable[[dict], None], json_out: Path | None
+) -> None:
     """Run a bench with fd 1 pointed at stderr, then print its JSON (and write json_out).
 
     stdout carries the JSON and nothing else: whatever the runtime, a library or a child

@@ -36,16 +36,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_core import Sizes as FloorSizes  # noqa: E402
 from bench_core import (  # noqa: E402
     collected_heap,
+    floor_target,
     latency_stats,
+    median_interval,
     private_regent_home,
     rate_stats,
     run_and_report,
-    run_floor,
 )
 
+from controller.futures import Future  # noqa: E402
 from tests.support.etcd import EtcdServer, etcd_available  # noqa: E402
 from worker import Actor, endpoint  # noqa: E402
 
@@ -75,7 +76,7 @@ class Sizes:
     jitter_s: float = 0.5  # random phase against the lease keepalive (ttl/4 period)
     round_trips: int = 1_000  # per repeat
     pipelined: int = 10_000
-    overhead_repeats: int = 9
+    overhead_repeats: int = 15  # the ratio's 95% interval runs from the 4th to the 12th
     warmup: int = 500
     replay_calls: int = 50_000  # read-and-match figure
     replay_repeats: int = 3
@@ -329,8 +330,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+FLOOR = "floor"  # the overhead bench's mode that is no session: a bare pyzmq round trip
+
+
 def overhead_child(url: str, warmup: int) -> None:
-    """One session in a process of its own, measured on request (run_overhead drives it).
+    """One session in a process of its own, measured on request (run_overhead drives it);
+    url FLOOR: the bare pyzmq floor (bench_core.floor_target) in its place.
 
     Reads one JSON command per line on stdin and answers one JSON line on stdout:
     {"op": "pipelined", "n": N} -> rate and the process's CPU; {"op": "round_trips", "n": N}
@@ -339,36 +344,50 @@ def overhead_child(url: str, warmup: int) -> None:
 
     answer = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    clock = time.perf_counter_ns
-    with Session(f"overhead-{secrets.token_hex(3)}", journal=url) as s:
-        call = s.spawn_procs(per_host={"procs": 1}).spawn("noop", Noop).slice(procs=0).noop.call_one
+    with contextlib.ExitStack() as stack:
+        if url == FLOOR:
+            t = stack.enter_context(floor_target())
+            issue, wait, flush, server_pid = t.issue, t.wait, (lambda: None), t.pid
+        else:
+            s = stack.enter_context(Session(f"overhead-{secrets.token_hex(3)}", journal=url))
+            issue = s.spawn_procs(per_host={"procs": 1}).spawn("noop", Noop).slice(procs=0).noop.call_one
+            wait, flush = Future.get, (lambda: s.writer.flush(timeout=60))
+            server_pid = next(iter(s.runtime.procs.values())).pid
         for _ in range(warmup):
-            call().get()
-        answer.write(json.dumps({"worker_pid": next(iter(s.runtime.procs.values())).pid}) + "\n")
-        for line in sys.stdin:
-            cmd = json.loads(line)
-            n = cmd["n"]
-            if cmd["op"] == "pipelined":
-                with collected_heap():
-                    c0 = time.process_time()
-                    t0 = time.perf_counter()
-                    futures = [call() for _ in range(n)]
-                    for f in futures:
-                        f.get()
-                    out = {"rate": n / (time.perf_counter() - t0), "cpu_s": time.process_time() - c0}
-                del futures
-            else:
-                # Not in the wake of the pipelined burst: its records are written first (a
-                # no-op with no journal), or the loop would time the writer's backlog.
-                s.writer.flush(timeout=60)
-                samples = []
-                with collected_heap():
-                    for _ in range(n):
-                        t = clock()
-                        call().get()
-                        samples.append(clock() - t)
-                out = {"samples": samples}
-            answer.write(json.dumps(out) + "\n")
+            wait(issue())
+        answer.write(json.dumps({"worker_pid": server_pid}) + "\n")
+        serve_overhead(answer, issue, wait, flush)
+
+
+def serve_overhead(
+    answer: Any, issue: Callable[[], Any], wait: Callable[[Any], Any], flush: Callable[[], Any]
+) -> None:
+    """overhead_child's command loop, on any issue/wait pair."""
+    clock = time.perf_counter_ns
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        n = cmd["n"]
+        if cmd["op"] == "pipelined":
+            with collected_heap():
+                c0 = time.process_time()
+                t0 = time.perf_counter()
+                handles = [issue() for _ in range(n)]
+                for h in handles:
+                    wait(h)
+                out = {"rate": n / (time.perf_counter() - t0), "cpu_s": time.process_time() - c0}
+            del handles
+        else:
+            # Not in the wake of the pipelined burst: its records are written first (a
+            # no-op with no journal), or the loop would time the writer's backlog.
+            flush()
+            samples = []
+            with collected_heap():
+                for _ in range(n):
+                    t = clock()
+                    wait(issue())
+                    samples.append(clock() - t)
+            out = {"samples": samples}
+        answer.write(json.dumps(out) + "\n")
 
 
 class OverheadChild:
@@ -402,25 +421,27 @@ class OverheadChild:
 
 
 def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -> dict[str, Any]:
-    """One session per journal mode, each in a process of its own, all open at once;
-    measurements take turns by repeat.
+    """One session per journal mode, each in a process of its own, all open at once, and the
+    bare pyzmq floor beside them; measurements take turns by repeat.
 
     Own processes: sessions sharing one interpreter would share its GIL and collector, and
     each mode's figures would carry the other sessions' threads. Besides rates, the CPU each
     pipelined batch costs the controller process, the worker proc and the etcd server: on a
     shared 2-core machine that is steadier than wall time, and it says where a journal's cost
-    lands."""
-    rates: dict[str, list[float]] = {m: [] for m in journals}
-    samples: dict[str, list[int]] = {m: [] for m in journals}
+    lands. The floor takes its turn with the modes, so each repeat reads every call_one next
+    to what a bare round trip took at that moment."""
+    modes = [*journals, FLOOR]
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    samples: dict[str, list[int]] = {m: [] for m in modes}
+    p50s: dict[str, list[float]] = {m: [] for m in modes}  # call_one p50 of each repeat
     cpu: dict[str, dict[str, list[float]]] = {m: {} for m in journals}
     with contextlib.ExitStack() as stack:
         children: dict[str, OverheadChild] = {}
-        for mode, url in journals.items():
-            children[mode] = OverheadChild(url, sizes.warmup)
+        for mode in modes:
+            children[mode] = OverheadChild(journals.get(mode, FLOOR), sizes.warmup)
             stack.callback(children[mode].close)
-        modes = list(journals)
         for rep in range(sizes.overhead_repeats):
-            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
+            for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
                 child = children[mode]
                 pids = {"worker": child.worker_pid}
                 if etcd_pid is not None:
@@ -430,38 +451,83 @@ def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -
                 used = {k: cpu_seconds(pid) - before[k] for k, pid in pids.items()}
                 rates[mode].append(got["rate"])
                 used["controller"] = got["cpu_s"]
-                for k, v in used.items():
-                    cpu[mode].setdefault(k, []).append(v * 1e6 / sizes.pipelined)
-                samples[mode] += child.ask("round_trips", sizes.round_trips)["samples"]
-                note(f"  repeat {rep} {mode:>6}: pipelined {rates[mode][-1]:,.0f} calls/s, "
-                     f"call_one p50 {latency_stats(samples[mode][-sizes.round_trips:])['p50']} us")
+                if mode in cpu:
+                    for k, v in used.items():
+                        cpu[mode].setdefault(k, []).append(v * 1e6 / sizes.pipelined)
+                batch = child.ask("round_trips", sizes.round_trips)["samples"]
+                samples[mode] += batch
+                p50s[mode].append(latency_stats(batch)["p50"])
+                note(
+                    f"  repeat {rep} {mode:>6}: pipelined {rates[mode][-1]:,.0f} calls/s, "
+                    f"call_one p50 {p50s[mode][-1]} us"
+                )
+    floor_rates, floor_samples, floor_p50s = rates.pop(FLOOR), samples.pop(FLOOR), p50s.pop(FLOOR)
     out: dict[str, Any] = {
         "pipelined_calls_per_s": {m: rate_stats(r) for m, r in rates.items()},
         "call_one_us": {m: latency_stats(s) for m, s in samples.items()},
         # The mean over repeats, i.e. all CPU over all calls: /proc counts in 10 ms ticks, a
         # tenth of a repeat's etcd CPU, so one repeat's figure is too coarse to take a median of.
         "pipelined_cpu_us_per_call": {
-            m: {k: round(statistics.fmean(v), 2) for k, v in by.items()} for m, by in cpu.items()},
+            m: {k: round(statistics.fmean(v), 2) for k, v in by.items()} for m, by in cpu.items()
+        },
+        "floor": {
+            "what": "pyzmq DEALER->ROUTER round trip between two Python processes over TCP "
+            "loopback, pickle on both sides, no auth; measured in turn with the modes",
+            "round_trip_us": latency_stats(floor_samples),
+            "pipelined_msgs_per_s": rate_stats(floor_rates),
+        },
     }
+    # A call_one p50 of a repeat, less the floor's p50 in the same repeat: what regent adds to
+    # a bare round trip, with the machine's moment-to-moment speed taken out.
+    above = {m: [p - f for p, f in zip(v, floor_p50s, strict=True)] for m, v in p50s.items()}
+    out["call_one_p50_over_floor_us"] = {m: _median_and_interval(v, 1) for m, v in above.items()}
     if "off" in rates:
         # Each repeat runs the modes back to back, so a ratio within a repeat sees the same
         # machine load; the figure is the median of those paired ratios.
-        paired = {f"{m}_over_off": [a / b for a, b in zip(r, rates["off"], strict=True)]
-                  for m, r in rates.items() if m != "off"}
+        paired = {
+            f"{m}_over_off": [a / b for a, b in zip(r, rates["off"], strict=True)]
+            for m, r in rates.items()
+            if m != "off"
+        }
         out["pipelined_ratio"] = {k: round(statistics.median(v), 3) for k, v in paired.items()}
+        out["pipelined_ratio_ci95"] = {
+            k: _median_and_interval(v, 3)["ci95"] for k, v in paired.items()
+        }
         out["pipelined_ratio_per_repeat"] = {k: [round(x, 3) for x in v] for k, v in paired.items()}
         off = statistics.median(rates["off"])
         out["pipelined_ratio_of_medians"] = {
-            f"{m}_over_off": round(statistics.median(r) / off, 3) for m, r in rates.items() if m != "off"}
+            f"{m}_over_off": round(statistics.median(r) / off, 3)
+            for m, r in rates.items()
+            if m != "off"
+        }
         out["call_one_p50_over_off"] = {
             m: round(out["call_one_us"][m]["p50"] / out["call_one_us"]["off"]["p50"], 3)
-            for m in rates if m != "off"}
-    out["definition"] = (f"{sizes.pipelined} call_one futures to one no-op actor, then get() each; "
-                         f"{sizes.round_trips} sequential call_one round trips per repeat "
-                         f"(latency over all repeats); {sizes.overhead_repeats} repeats, modes "
-                         "taking turns, each mode's session in a process of its own; "
-                         "pipelined_ratio = median over repeats of journaled/off")
+            for m in rates
+            if m != "off"
+        }
+        out["call_one_p50_added_over_off_us"] = {
+            m: _median_and_interval([a - b for a, b in zip(p50s[m], p50s["off"], strict=True)], 1)
+            for m in rates
+            if m != "off"
+        }
+    out["definition"] = (
+        f"{sizes.pipelined} call_one futures to one no-op actor, then get() each; "
+        f"{sizes.round_trips} sequential call_one round trips per repeat "
+        f"(latency over all repeats); {sizes.overhead_repeats} repeats, modes "
+        "and the floor taking turns, each in a process of its own; "
+        "pipelined_ratio = median over repeats of journaled/off; ci95 = the "
+        "distribution-free 95% interval of that median (sign test); *_over_floor_us "
+        "and *_added_over_off_us = median over repeats of the difference of "
+        "per-repeat call_one p50s"
+    )
     return out
+
+
+def _median_and_interval(values: list[float], digits: int) -> dict[str, Any]:
+    """The median, and its 95% interval (bench_core.median_interval; None: too few repeats)."""
+    interval = median_interval(values)
+    return {"median": round(statistics.median(values), digits),
+            "ci95": None if interval is None else [round(x, digits) for x in interval]}
 
 
 # --- figure 4: replay -------------------------------------------------------------------------
@@ -667,12 +733,15 @@ def summary(report: dict[str, Any]) -> None:
              f"{c['resign_ms']['p50']} ms")
     ov = report.get("journal_overhead", {})
     for mode, rate in ov.get("pipelined_calls_per_s", {}).items():
+        ratio = f"{mode}_over_off"
+        interval = ov.get("pipelined_ratio_ci95", {}).get(ratio)
         note(f"journal {mode:<6} pipelined {rate['median']:>7,} calls/s (ratio to off "
-             f"{ov.get('pipelined_ratio', {}).get(f'{mode}_over_off', 1.0)}), call_one p50 "
-             f"{ov['call_one_us'][mode]['p50']} us; CPU us/call "
-             f"{ov['pipelined_cpu_us_per_call'][mode]}")
+             f"{ov.get('pipelined_ratio', {}).get(ratio, 1.0)}"
+             f"{f', 95% {interval}' if interval else ''}), call_one p50 "
+             f"{ov['call_one_us'][mode]['p50']} us ({ov['call_one_p50_over_floor_us'][mode]['median']:+} "
+             f"over the floor); CPU us/call {ov['pipelined_cpu_us_per_call'][mode]}")
     if "floor" in ov:
-        note(f"floor   zmq round trip p50 {ov['floor']['round_trip_us']['p50']} us")
+        note(f"floor   zmq round trip p50 {ov['floor']['round_trip_us']['p50']} us, in turn with the modes")
     for backend, r in report.get("replay", {}).items():
         rm = r["read_and_match"]
         note(f"replay  {backend:<6} read+index+match {rm['records']} records: "
@@ -792,8 +861,6 @@ def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool,
                 note(f"journal overhead: {list(journals)}")
                 etcd_pid = etcd.proc.pid if etcd is not None and etcd.proc is not None else None
                 report["journal_overhead"] = run_overhead(journals, sizes, etcd_pid)
-                note("floor: bare pyzmq round trip, for reading the call figures on this machine")
-                report["journal_overhead"]["floor"] = run_floor(FloorSizes.quick())
             if "replay" in parts:
                 replay_on = {"sqlite": f"sqlite://{work / 'replay.db'}"}
                 if etcd is not None:
