@@ -175,9 +175,6 @@ class _NoWrites:
     def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int:
         raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
 
-    def hurry(self, within_s: float) -> None:
-        pass
-
     def collector(self, kind: str) -> Callable[[Any], None]:
         def refuse(item: Any) -> None:
             raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")

@@ -58,9 +58,6 @@ class NoWriter:
         self.durable_lsn = next(self._lsn)
         return self.durable_lsn
 
-    def hurry(self, within_s: float) -> None:
-        pass
-
     def collector(self, kind: str) -> Callable[[Any], None]:
         return collections.deque(maxlen=0).append  # keeps nothing, and costs no Python frame
 

@@ -16,7 +16,6 @@ C-level deque append, with no lock and no Python frame: it is on every call's pa
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -62,7 +61,6 @@ class GroupCommitWriter:
         self._next_lsn = lead.next_lsn
         self._durable = lead.next_lsn - 1
         self._urgent_upto = -1
-        self._hurry_at = math.inf  # a deadline sooner than the linger (hurry), until the next take
         # Collected items by kind (collector): they take lsns, GROUP_ITEMS to a record, when
         # anything else takes an lsn or the writer thread takes a batch.
         self._collected: dict[str, collections.deque] = {}
@@ -121,19 +119,6 @@ class GroupCommitWriter:
             with self._cond:
                 self._cond.notify_all()
         return lsn
-
-    def hurry(self, within_s: float) -> None:
-        """Write what is queued within `within_s`, if the linger would wait longer.
-
-        For records somebody depends on without waiting for them (a result the program has
-        read): cheap to call often, since only the first call after a write takes a lock."""
-        if self._hurry_at != math.inf:
-            return  # a deadline is set; the write it brings takes everything queued by then
-        with self._cond:
-            due = time.monotonic() + within_s
-            if due < self._hurry_at:
-                self._hurry_at = due
-                self._cond.notify_all()
 
     def collector(self, kind: str) -> Callable[[Any], None]:
         """A function that adds an item to records `{"items": [...]}` of `kind`.
@@ -251,19 +236,16 @@ class GroupCommitWriter:
                 # linger of what this finds from when the look began.
                 waited_since = time.monotonic()
                 self._cond.wait(self._max_delay_s)
-            lingering_since = waited_since
+            due = waited_since + self._max_delay_s
             while (
                 self._urgent_upto < self._pending_first
                 and not self._closing
                 and self._queued() < self._max_batch
             ):
-                due = min(lingering_since + self._max_delay_s, self._hurry_at)
                 remaining = due - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            # Before the queue is cut: a record queued after this is hurried by a later call.
-            self._hurry_at = math.inf
             with self._lock:
                 self._close_groups_locked()
                 first = self._pending_first

@@ -146,3 +146,35 @@ def test_calls_issued_without_reading_a_result_do_not_wait(tmp_path):
         got = [f.get(timeout=10) for f in futures]
         assert got == [2 + i // 2 for i in range(50)]
         gate.set()
+
+
+def test_reading_results_does_not_make_the_journal_write_sooner(tmp_path):
+    """A result the program read lingers like any record (JOURNAL_LINGER_S): a call that must
+    not run before it is durable waits for it itself. Writing read results within 10 ms made
+    a read-then-call loop append a hundred times a second, each append a millisecond of etcd
+    CPU; the loop's records now go out about once a linger."""
+    from controller.session import JOURNAL_LINGER_S
+
+    with Session(f"read-linger-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        p0 = _counters(s).slice(procs=0)
+        p0.incr.call_one().get(timeout=10)
+        s.writer.flush(timeout=10)
+        appends = []
+        append = s.lead.append_frames
+
+        def counted(first: int, frames: list) -> int:
+            appends.append(first)
+            return append(first, frames)
+
+        s.lead.append_frames = counted
+        t0 = time.monotonic()
+        reads = 0
+        while time.monotonic() - t0 < 10 * JOURNAL_LINGER_S:
+            p0.incr.call_one().get(timeout=10)
+            reads += 1
+        elapsed = time.monotonic() - t0
+        # Each linger starts when the first record after a write is queued, and a collected
+        # call record is looked for at most a linger later: at most one append per linger,
+        # plus the one under way at the start. Reads outnumber them many times over.
+        assert reads > 50
+        assert len(appends) <= elapsed / JOURNAL_LINGER_S + 2, (len(appends), reads, elapsed)

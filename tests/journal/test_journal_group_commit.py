@@ -244,21 +244,3 @@ def test_a_failed_append_is_reported_to_on_failure_once(journal: Journal, sessio
     with pytest.raises(JournalError):
         writer.close()
     lead.close()
-
-
-def test_hurry_writes_what_is_queued_sooner_than_the_linger(journal: Journal, session: str):
-    lead = journal.campaign(session, "a")
-    with GroupCommitWriter(lead, max_delay_s=30.0) as writer:
-        lsn = writer.submit("result", {"i": 0}, lazy=True)
-        time.sleep(0.3)
-        assert writer.durable_lsn < lsn  # lingering: nobody waits for it
-        writer.hurry(0.05)
-        writer.hurry(0.05)  # a deadline is set already: nothing more to do
-        deadline = time.monotonic() + 5
-        while writer.durable_lsn < lsn and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert writer.durable_lsn == lsn
-        later = writer.submit("result", {"i": 1}, lazy=True)
-        time.sleep(0.3)
-        assert writer.durable_lsn < later  # the deadline went with the write it brought
-    lead.close()

@@ -29,8 +29,8 @@ with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ["REGENT_TEST_
     first = s.spawn_procs(per_host={"procs": 2}).spawn("first", Echo)
     before = first.ping.call(1).get().values()
     # The test kills the procs with the primary as soon as it reads "step 0": a result read
-    # just before is journaled within READ_LINGER_S, not at once, and lost with its proc if
-    # the kill comes sooner. The test is about the lost host agent, so it has the journal hold
+    # just before is journaled within a linger (JOURNAL_LINGER_S), not at once, and lost with
+    # its proc if the kill comes sooner. The test is about the lost host agent, so it has the journal hold
     # what the program read first: s.now() is durable, and durability comes in journal order.
     s.now()
     if not s.replaying:
