@@ -420,7 +420,9 @@ class Session:
             through = self.core.completed_through
         while self._marks and self._marks[0][1] <= durable:
             self._marks.popleft()
-        pending = min((s for s, _ in self._marks), default=None)
+        # A copy (made in C, under the GIL): the thread reading replies appends marks
+        # meanwhile, and a deque changed under an iteration raises RuntimeError.
+        pending = min((s for s, _ in list(self._marks)), default=None)
         safe = through if pending is None else min(through, pending - 1)
         self._safe_through = max(self._safe_through, safe)
         return self._safe_through

@@ -93,3 +93,31 @@ def test_workers_drop_results_once_the_journal_holds_them(tmp_path):
                 time.sleep(0.1)
         finally:
             peer.close()
+
+
+def test_the_watermark_reads_its_marks_while_replies_add_more(tmp_path):
+    """The IO thread computes the watermark while the thread reading replies (a program
+    thread in wait_for) adds marks: a deque changed under an iteration raises RuntimeError,
+    which cost the watermark its turn."""
+    import threading
+
+    with Session("watermark-marks", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        never = 1 << 62  # marks that are never durable: the deque only grows
+        s._marks.extend((seq, never) for seq in range(20_000))
+        stop = threading.Event()
+
+        def add() -> None:
+            seq = 20_000
+            while not stop.is_set():
+                s._marks.append((seq, never))
+                seq += 1
+
+        adder = threading.Thread(target=add)
+        adder.start()
+        try:
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                assert s._durable_through() == -1
+        finally:
+            stop.set()
+            adder.join()
