@@ -180,6 +180,15 @@ class _NoWrites:
             raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
         return refuse
 
+    def ticket(self) -> int:
+        return 0
+
+    def bound(self, ticket: int) -> int | None:
+        return -1
+
+    def seal(self) -> int:
+        return -1
+
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
         pass
 
@@ -298,6 +307,8 @@ class AuditSession(Session):
         self._flush_hook = self.runtime.flush
         self._decode_hook = self._decode
         self._observed_lsn = -1  # every outcome comes from the journal
+        self._observed_ticket = 0
+        self._collected_marks = collections.deque()
         self._supervisor = _NoSupervisor()
         self._hosts = []
         self._actor_names = set()

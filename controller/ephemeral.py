@@ -61,6 +61,15 @@ class NoWriter:
     def collector(self, kind: str) -> Callable[[Any], None]:
         return collections.deque(maxlen=0).append  # keeps nothing, and costs no Python frame
 
+    def ticket(self) -> int:
+        return 0
+
+    def bound(self, ticket: int) -> int | None:
+        return self.durable_lsn
+
+    def seal(self) -> int:
+        return self.durable_lsn
+
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
         pass
 

@@ -75,14 +75,31 @@ def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
         kind = rec.kind
         if kind == CALLS:
             lsn, epoch = rec.lsn, rec.epoch
-            for s, k, a, m, d, pts, ts in rec.data["items"]:
-                yield Record(lsn, epoch, CALL, {"s": s, "k": k, "a": a, "m": m, "d": d, "pts": pts}, ts)
+            for item in rec.data["items"]:
+                if len(item) == 7:
+                    s, k, a, m, d, pts, ts = item
+                    yield Record(lsn, epoch, CALL, {"s": s, "k": k, "a": a, "m": m, "d": d, "pts": pts}, ts)
+                else:
+                    yield Record(lsn, epoch, RESULT, collected_result(item, session, lsn), item[-1])
         elif kind == RESULTS:
             lsn, epoch, ts = rec.lsn, rec.epoch, rec.ts
             for data in batched_results(rec, session):
                 yield Record(lsn, epoch, RESULT, data, ts)
         else:
             yield rec
+
+
+def collected_result(item: Any, session: str = "", lsn: int = -1) -> dict:
+    """The RESULT record's data a CALLS item `[s, pt, frames, ts]` stands for: a plain value
+    that answered its call alone (Session._record_result), in the stream after its call."""
+    try:
+        s, pt, frames, _ts = item
+        if type(s) is not int or type(pt) is not int:
+            raise TypeError(f"seq {s!r} and point {pt!r} are not ints")
+        return {"s": s, "pt": pt, "st": "ok", "v": tuple(frames)}
+    except (TypeError, ValueError) as e:
+        raise CorruptRecord(session or "(unnamed)", lsn,
+                            f"a calls record holds an item that is neither a call nor a value ({e})") from e
 
 
 def batched_results(rec: Record, session: str = "") -> Iterator[dict]:
@@ -203,10 +220,14 @@ class ReplayIndex:
         self._note(rec, len(rec.data["items"]))
         calls = self.calls
         top = self.max_seq
-        for s, k, a, m, d, pts, _ts in rec.data["items"]:
-            calls[s] = JournaledCall(s, k, a, m, d, tuple(pts))
-            if s > top:
-                top = s
+        for item in rec.data["items"]:
+            if len(item) == 7:
+                s, k, a, m, d, pts, _ts = item
+                calls[s] = JournaledCall(s, k, a, m, d, tuple(pts))
+                if s > top:
+                    top = s
+            else:
+                self._add_result(collected_result(item, lsn=rec.lsn))
         self.max_seq = top
 
     def _add_results(self, rec: Any) -> None:

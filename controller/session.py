@@ -66,6 +66,9 @@ from worker.transport import PeerGone
 # How long a new leader waits for a restarted host agent to finish adopting its procs.
 ADOPTION_WAIT_S = 8.0
 NEVER_DURABLE = 1 << 62  # the lsn of a result that could not be journaled
+# The lsn of a value journaled as an item of a CALLS record, until a ticket resolves it
+# (GroupCommitWriter.ticket, .bound): larger than any lsn, so never taken for durable.
+COLLECTED = NEVER_DURABLE - 1
 
 log = structlog.get_logger("regent.session")
 
@@ -158,10 +161,13 @@ class Session:
         self._journal_failed: BaseException | None = None
         self.writer = NoWriter() if journal == "off" else GroupCommitWriter(
             self.lead, max_delay_s=JOURNAL_LINGER_S, on_failure=self._on_journal_failed)
-        # Each live call's record: one deque append (replay.expand reads CALLS records).
+        # Each live call's record, and each plain value answering one alone: one deque append
+        # (replay.expand reads CALLS records). In one stream, so a value follows its call.
         self._collect_call = self.writer.collector(CALLS)
+        self._collected_marks: collections.deque = collections.deque()  # seqs of such values
         self._no_journal = isinstance(self.writer, NoWriter)
         self._observed_lsn = -1  # the last journaled outcome the program has read
+        self._observed_ticket = 0  # for an _observed_lsn of COLLECTED: the writer's ticket
         self._observed_holders: set[str] = set()  # procs holding read outcomes not yet durable
         if self._replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
@@ -387,9 +393,14 @@ class Session:
         if outcome.status == "ok":
             size = wire.payload_size(outcome.frames)
             if size <= LARGE_RESULT_BYTES:
-                data["v"] = wire.frame_bytes(outcome.frames)
-            else:
-                data["big"] = [wire.digest(outcome.frames), size]
+                # An item of the CALLS stream, after its call's (replay.expand reads it as a
+                # result record): no record of its own and no lock on the program's path. Its
+                # lsn comes later: _observed and _durable_through learn it through the writer.
+                self._collect_call((call.seq, point, wire.frame_bytes(outcome.frames), time.time()))
+                outcome.lsn = COLLECTED
+                self._collected_marks.append(call.seq)
+                return
+            data["big"] = [wire.digest(outcome.frames), size]
         else:
             data["x"] = {k: outcome.meta[k] for k in ("et", "em", "tb", "pid", "normal") if k in outcome.meta}
         # A supervision failure may differ between runs: durable before it is seen (invariant 4).
@@ -415,6 +426,17 @@ class Session:
 
     def _durable_through(self) -> int:
         """Highest seq whose calls are all complete and journaled: workers may drop them."""
+        collected = self._collected_marks
+        if collected:
+            # Values journaled as CALLS items take the lsn that covers them: those marked so
+            # far were added before their marks, so before the seal.
+            n = len(collected)
+            try:
+                bound = self.writer.seal()
+            except Exception:  # noqa: BLE001 - the writer failed: they will never be durable
+                bound = NEVER_DURABLE
+            for _ in range(n):
+                self._marks.append((collected.popleft(), bound))
         durable = self.writer.durable_lsn
         with self.runtime.lock:
             through = self.core.completed_through
@@ -468,19 +490,35 @@ class Session:
 
     def _await_observed(self) -> None:
         """Block until every outcome the program has read is durable (see _held_by)."""
-        self.writer.wait_durable(self._observed_lsn)
+        lsn = self._observed_lsn
+        if lsn == COLLECTED:
+            lsn = self.writer.bound(self._observed_ticket)
+            if lsn is None:
+                lsn = self.writer.seal()
+            self._observed_lsn = lsn
+        self.writer.wait_durable(lsn)
         self._observed_holders.clear()
 
     def _observed(self, lsn: int, holders: Iterable[str] = ()) -> None:
-        """The program has read an outcome journaled at `lsn` (-1: none, or already durable)
-        that the procs keyed in `holders` keep in their result caches until it is durable."""
-        durable = self.writer.durable_lsn
+        """The program has read an outcome journaled at `lsn` (-1: none, or already durable;
+        COLLECTED: an item whose lsn is not known yet) that the procs keyed in `holders` keep
+        in their result caches until it is durable."""
+        writer = self.writer
+        durable = writer.durable_lsn
         if lsn <= durable:
             return
+        if self._observed_lsn == COLLECTED:
+            bound = writer.bound(self._observed_ticket)
+            if bound is not None:
+                self._observed_lsn = bound
         if self._observed_lsn <= durable:
             self._observed_holders.clear()  # what they held before is durable now
         if lsn > self._observed_lsn:
             self._observed_lsn = lsn
+        if self._observed_lsn == COLLECTED:
+            # Taken after everything read so far was journaled or collected: its bound covers
+            # every outcome read, the items and the records alike.
+            self._observed_ticket = writer.ticket()
         self._observed_holders.update(holders)
 
     def _end_replay(self) -> None:

@@ -9,8 +9,9 @@ order equal to queue order, and the writer thread is woken only when it may be w
 exactly this record. A `lazy` record is not even encoded by its submitter: the writer thread
 encodes it with the rest of its batch, off the submitter's critical path. Cheaper still, a
 `collector` takes items that become few records: for many small records of one kind that
-nobody waits for (the controller's call records in a pipelined burst). Adding an item is one
-C-level deque append, with no lock and no Python frame: it is on every call's path.
+nobody waits for (the controller's call records, and the plain values answering them one by
+one). Adding an item is one C-level deque append, with no lock and no Python frame: it is on
+every call's path. Who must know when an item is durable takes a `ticket` after adding it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class GroupCommitWriter:
         # Collected items by kind (collector): they take lsns, GROUP_ITEMS to a record, when
         # anything else takes an lsn or the writer thread takes a batch.
         self._collected: dict[str, collections.deque] = {}
+        # Closes of the collected items (_close_groups_locked): how many have begun, and the
+        # last to end with the lsn it left behind. See ticket() and bound().
+        self._closes_begun = 0
+        self._closed: tuple[int, int] = (0, self._next_lsn - 1)
         self._on_failure = on_failure
         self._error: BaseException | None = None
         self._closing = False
@@ -127,8 +132,10 @@ class GroupCommitWriter:
         a `submit`, the writer thread taking a batch (at the latest one linger after the
         item), or `flush`. So every item comes before any record submitted after it was
         added; items of one kind keep their order, items of different kinds need not. Nobody
-        can wait for one item, and adding one raises nothing, not even after the writer failed
-        (see `on_failure`). Items are encoded lazily (see `submit`): small, of plain types.
+        can wait for one item directly: `ticket` and `bound` say which lsn covers it once it
+        has one, `seal` gives it one at once. Adding one raises nothing, not even after the
+        writer failed (see `on_failure`). Items are encoded lazily (see `submit`): small, of
+        plain types.
         """
         with self._lock:
             items = self._collected.get(kind)
@@ -136,11 +143,38 @@ class GroupCommitWriter:
                 items = self._collected[kind] = collections.deque()
         return items.append
 
+    def ticket(self) -> int:
+        """A claim on a place in the log for every item collected before this call: pass it
+        to `bound`. No lock, no record: it may be taken for every item read.
+
+        The count of closes begun: the next close begins after this call, so it takes every
+        item added before it (unless an earlier close took it already)."""
+        return self._closes_begun
+
+    def bound(self, ticket: int) -> int | None:
+        """An lsn no smaller than any collected item's that `ticket` was taken after (so that
+        item is durable once this lsn is), or None while no close has taken them yet; a
+        close comes at the latest with the writer's next batch, a linger on (see `seal`)."""
+        closes, lsn = self._closed
+        return lsn if closes > ticket else None
+
+    def seal(self) -> int:
+        """Give every item collected so far its lsn now; return an lsn no smaller than any of
+        theirs. Raises the append error if the writer failed."""
+        with self._lock:
+            self._raise_if_failed()
+            self._close_groups_locked()
+            return self._next_lsn - 1
+
     def _close_groups_locked(self) -> None:
         """Give the collected items their lsns, as lazy records. Holds _lock.
 
         Items are only ever taken here, under _lock, and only appended elsewhere: popping as
         many as were counted takes each item once, however many are appended meanwhile."""
+        # Begun before anything is counted: a ticket taken after an item was added and before
+        # this point is served by this close (ticket()).
+        self._closes_begun += 1
+        begun = self._closes_begun
         pending = self._pending
         ts = time.time()
         for kind, items in self._collected.items():
@@ -150,6 +184,7 @@ class GroupCommitWriter:
                 pending.append((self._next_lsn, kind, {"items": [items.popleft() for _ in range(take)]}, ts))
                 self._next_lsn += 1
                 n -= take
+        self._closed = (begun, self._next_lsn - 1)
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
         """Block until record `lsn` is durable; raise the append error if the write failed."""

@@ -94,6 +94,45 @@ def test_a_results_record_that_holds_no_batch_of_replies_is_named_as_corrupt():
             list(expand([Record(7, 1, RESULTS, data, 0.0)], "s"))
 
 
+def test_values_answering_calls_one_by_one_are_items_of_the_calls_records_after_their_calls(tmp_path):
+    """A read-then-call loop: each reply comes alone, and its value is journaled as an item of
+    the CALLS stream (no record of its own), after its call's item, read back as a RESULT."""
+    url = f"sqlite://{tmp_path / 'j.db'}"
+    name = f"collected-{os.getpid()}"
+    with Session(name, journal=url) as s:
+        one = s.spawn_procs(per_host={"procs": 1}).spawn("e", Echo).slice(procs=0)
+        first = s.core.next_seq
+        values = [one.echo.call_one(i).get(timeout=10) for i in range(60)]
+    assert values == [i * 10 for i in range(60)]
+    j = open_journal(url)
+    try:
+        assert j.verify(name).ok
+        raw = list(j.read(name))
+    finally:
+        j.close()
+    assert len(raw) < 20, collections.Counter(r.kind for r in raw)  # not a record per call or value
+    assert not [r for r in raw if r.kind == RESULT and r.data["s"] >= first]
+    # In stream order: each call's item, later its value's.
+    order = [(r.kind, r.data["s"]) for r in expand(raw) if r.kind in (CALL, RESULT) and r.data["s"] >= first]
+    assert order == [(kind, first + i) for i in range(60) for kind in (CALL, RESULT)]
+    results = {r.data["s"]: r.data for r in expand(raw) if r.kind == RESULT and r.data["s"] >= first}
+    assert [wire.loads(results[first + i]["v"]) for i in range(60)] == values
+    index = ReplayIndex(raw)
+    assert [wire.loads(index.calls[first + i].results[0]["v"]) for i in range(60)] == values
+
+
+def test_a_calls_item_that_is_neither_a_call_nor_a_value_is_named_as_corrupt():
+    import pytest
+
+    from journal import CorruptRecord, Record
+
+    for item in ([1, 2], ["s", 0, [b"x"], 0.0], [1, 0, 5, 0.0]):
+        with pytest.raises(CorruptRecord, match="lsn 7.*neither a call nor a value"):
+            list(expand([Record(7, 1, CALLS, {"items": [item]}, 0.0)], "s"))
+        with pytest.raises(CorruptRecord, match="lsn 7.*neither a call nor a value"):
+            ReplayIndex([Record(7, 1, CALLS, {"items": [item]}, 0.0)])
+
+
 class Gate(Actor):
     @endpoint
     def hold(self, i: int) -> str:

@@ -14,6 +14,8 @@ import threading
 import time
 
 from controller import Session
+from controller.replay import RESULT, expand
+from journal import open_journal
 from worker import Actor, endpoint
 
 
@@ -103,7 +105,8 @@ def test_a_call_to_the_proc_holding_every_unjournaled_result_does_not_wait(tmp_p
         assert [p0.incr.call_one().get(timeout=10) for _ in range(20)] == list(range(1, 21))
         assert p0.peek.call_one().get(timeout=10) == 20
         assert time.monotonic() - t0 < 5
-        assert s.writer.durable_lsn < s.writer.next_lsn - 1  # the gate really held the records
+        # Not durable, any of it: the gate holds the appends (seal gives the items their lsns).
+        assert s.writer.durable_lsn < s.writer.seal()
         # Proc 1 holds none of them: a call to it waits.
         assert _assert_waits_for_the_gate(s, p1.incr.call_one, gate) == [1]
 
@@ -124,14 +127,22 @@ def test_a_choose_after_a_read_result_is_covered_by_its_durable_pick(tmp_path):
     with Session(f"read-durable-choose-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
         mesh = _counters(s)
         gate = _gate_appends(s)
-        assert mesh.slice(procs=0).incr.call_one().get(timeout=10) == 1
-        read_lsn = s._observed_lsn
+        read = mesh.slice(procs=0).incr.call_one()
+        assert read.get(timeout=10) == 1
         follower, got = _issue_in_thread(s, mesh.peek.choose)
         time.sleep(0.5)
         assert follower.is_alive() and got == []  # the pick waits to be durable ...
         gate.set()
         follower.join(20)
-        assert got and s.writer.durable_lsn > read_lsn  # ... and with it the result read before
+        assert got
+        # ... and with it the result read before: in the journal, at or below the durable lsn.
+        durable = s.writer.durable_lsn
+        j = open_journal(s.journal_url)
+        try:
+            results = [r for r in expand(j.read(s.name)) if r.kind == RESULT and r.data["s"] == read.tag]
+        finally:
+            j.close()
+        assert len(results) == 1 and results[0].lsn <= durable
 
 
 def test_calls_issued_without_reading_a_result_do_not_wait(tmp_path):

@@ -232,6 +232,61 @@ def test_items_collected_from_many_threads_are_each_written_once_in_order_per_th
     lead.close()
 
 
+def test_a_ticket_is_bound_once_a_close_takes_the_items_before_it(journal: Journal, session: str):
+    lead = journal.campaign(session, "a")
+    with GroupCommitWriter(lead, max_delay_s=30.0) as writer:
+        collect = writer.collector("calls")
+        collect([0])
+        ticket = writer.ticket()
+        assert writer.bound(ticket) is None  # nothing has taken the item yet
+        lsn = writer.submit("observation", {"now": 1.0})  # a submit closes the items first
+        assert writer.bound(ticket) == lsn - 1 == 0
+        collect([1])
+        later = writer.ticket()
+        assert writer.bound(later) is None
+        assert writer.seal() == 2  # a seal gives the items their lsn at once ...
+        assert writer.bound(later) == 2
+        assert writer.seal() == 2  # ... and with nothing collected, names the last lsn
+        writer.flush(timeout=5)
+    assert [(r.lsn, r.kind) for r in journal.read(session)] == [(0, "calls"), (1, "observation"), (2, "calls")]
+    lead.close()
+
+
+def test_a_bound_never_falls_below_an_item_collected_before_its_ticket(journal: Journal, session: str):
+    """Items added, each with a ticket taken after it, while another thread closes the
+    collected items as fast as it can: every bound is at or above its item's real lsn."""
+    lead = journal.campaign(session, "a")
+    n = 1000
+    bounds: dict[int, int] = {}
+    with GroupCommitWriter(lead, max_delay_s=0.002) as writer:
+        collect = writer.collector("calls")
+        done = threading.Event()
+
+        def seal() -> None:
+            while not done.is_set():
+                writer.seal()
+
+        sealer = threading.Thread(target=seal)
+        sealer.start()
+        try:
+            for i in range(n):
+                collect([i])
+                ticket = writer.ticket()
+                deadline = time.monotonic() + 10
+                while (bound := writer.bound(ticket)) is None:
+                    assert time.monotonic() < deadline, f"item {i} was never taken"
+                    time.sleep(0)  # let the sealer run
+                bounds[i] = bound
+        finally:
+            done.set()
+            sealer.join()
+        writer.flush(timeout=10)
+    lsn_of = {item[0]: r.lsn for r in journal.read(session) for item in r.data["items"]}
+    assert sorted(lsn_of) == list(range(n))
+    assert all(bounds[i] >= lsn_of[i] for i in range(n))
+    lead.close()
+
+
 def test_a_failed_append_is_reported_to_on_failure_once(journal: Journal, session: str):
     lead = journal.campaign(session, "a")
     failures: list[BaseException] = []
