@@ -38,15 +38,20 @@ def _burst(tmp_path) -> tuple[str, str, list[int], int]:
     return url, name, values, first
 
 
-def test_a_pipelined_burst_is_journaled_in_few_records_and_reads_back_call_by_call(tmp_path):
-    url, name, values, first = _burst(tmp_path)
-    assert values == [i * 10 for i in range(BURST)]
+def _verified_records(url: str, name: str) -> list:
+    """The session's stored records, after `journal verify` found nothing wrong."""
     j = open_journal(url)
     try:
         assert j.verify(name).ok
-        raw = list(j.read(name))
+        return list(j.read(name))
     finally:
         j.close()
+
+
+def test_a_pipelined_burst_is_journaled_in_few_records_and_reads_back_call_by_call(tmp_path):
+    url, name, values, first = _burst(tmp_path)
+    assert values == [i * 10 for i in range(BURST)]
+    raw = _verified_records(url, name)
     kinds = collections.Counter(r.kind for r in raw)
     assert kinds[CALLS] >= 1 and kinds[RESULTS] >= 1, kinds
     assert len(raw) < BURST, f"{len(raw)} records for {BURST} calls: {kinds}"
@@ -104,12 +109,7 @@ def test_values_answering_calls_one_by_one_are_items_of_the_calls_records_after_
         first = s.core.next_seq
         values = [one.echo.call_one(i).get(timeout=10) for i in range(60)]
     assert values == [i * 10 for i in range(60)]
-    j = open_journal(url)
-    try:
-        assert j.verify(name).ok
-        raw = list(j.read(name))
-    finally:
-        j.close()
+    raw = _verified_records(url, name)
     assert len(raw) < 20, collections.Counter(r.kind for r in raw)  # not a record per call or value
     assert not [r for r in raw if r.kind == RESULT and r.data["s"] >= first]
     # In stream order: each call's item, later its value's.
