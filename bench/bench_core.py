@@ -303,14 +303,17 @@ def floor_target() -> Iterator[Target]:
             server.wait()
 
 
+FLOOR_WHAT = ("pyzmq DEALER->ROUTER round trip between two Python processes over TCP loopback, "
+              "pickle on both sides, no auth")
+
+
 def run_floor(sizes: Sizes) -> dict[str, Any]:
     with floor_target() as t:
         rt = run_round_trips(t, sizes)
         pipelined = run_pipelined(t, sizes)
     note(f"  round trip us {rt}, pipelined msgs/s {pipelined}")
     return {
-        "what": "pyzmq DEALER->ROUTER round trip between two Python processes over TCP "
-        "loopback, pickle on both sides, no auth",
+        "what": FLOOR_WHAT,
         "round_trip_us": rt,
         "pipelined_msgs_per_s": pipelined,
     }
@@ -572,9 +575,7 @@ def main(argv: list[str] | None = None) -> None:
     run_and_report(lambda: bench(a.quick, a.peers, a.peer_timeout, a.journal), summary, a.json_out)
 
 
-def run_and_report(
-    run: Callable[[], dict], summary: Callable[[dict], None], json_out: Path | None
-) -> None:
+def run_and_report(run: Callable[[], dict], summary: Callable[[dict], None], json_out: Path | None) -> None:
     """Run a bench with fd 1 pointed at stderr, then print its JSON (and write json_out).
 
     stdout carries the JSON and nothing else: whatever the runtime, a library or a child

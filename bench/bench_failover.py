@@ -37,6 +37,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_core import (  # noqa: E402
+    FLOOR_WHAT,
     collected_heap,
     floor_target,
     latency_stats,
@@ -441,7 +442,7 @@ def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -
             children[mode] = OverheadChild(journals.get(mode, FLOOR), sizes.warmup)
             stack.callback(children[mode].close)
         for rep in range(sizes.overhead_repeats):
-            for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
                 child = children[mode]
                 pids = {"worker": child.worker_pid}
                 if etcd_pid is not None:
@@ -451,16 +452,14 @@ def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -
                 used = {k: cpu_seconds(pid) - before[k] for k, pid in pids.items()}
                 rates[mode].append(got["rate"])
                 used["controller"] = got["cpu_s"]
-                if mode in cpu:
+                if mode in cpu:  # not the floor's
                     for k, v in used.items():
                         cpu[mode].setdefault(k, []).append(v * 1e6 / sizes.pipelined)
                 batch = child.ask("round_trips", sizes.round_trips)["samples"]
                 samples[mode] += batch
                 p50s[mode].append(latency_stats(batch)["p50"])
-                note(
-                    f"  repeat {rep} {mode:>6}: pipelined {rates[mode][-1]:,.0f} calls/s, "
-                    f"call_one p50 {p50s[mode][-1]} us"
-                )
+                note(f"  repeat {rep} {mode:>6}: pipelined {rates[mode][-1]:,.0f} calls/s, "
+                     f"call_one p50 {p50s[mode][-1]} us")
     floor_rates, floor_samples, floor_p50s = rates.pop(FLOOR), samples.pop(FLOOR), p50s.pop(FLOOR)
     out: dict[str, Any] = {
         "pipelined_calls_per_s": {m: rate_stats(r) for m, r in rates.items()},
@@ -468,11 +467,9 @@ def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -
         # The mean over repeats, i.e. all CPU over all calls: /proc counts in 10 ms ticks, a
         # tenth of a repeat's etcd CPU, so one repeat's figure is too coarse to take a median of.
         "pipelined_cpu_us_per_call": {
-            m: {k: round(statistics.fmean(v), 2) for k, v in by.items()} for m, by in cpu.items()
-        },
+            m: {k: round(statistics.fmean(v), 2) for k, v in by.items()} for m, by in cpu.items()},
         "floor": {
-            "what": "pyzmq DEALER->ROUTER round trip between two Python processes over TCP "
-            "loopback, pickle on both sides, no auth; measured in turn with the modes",
+            "what": f"{FLOOR_WHAT}; measured in turn with the modes",
             "round_trip_us": latency_stats(floor_samples),
             "pipelined_msgs_per_s": rate_stats(floor_rates),
         },
@@ -484,42 +481,29 @@ def run_overhead(journals: dict[str, str], sizes: Sizes, etcd_pid: int | None) -
     if "off" in rates:
         # Each repeat runs the modes back to back, so a ratio within a repeat sees the same
         # machine load; the figure is the median of those paired ratios.
-        paired = {
-            f"{m}_over_off": [a / b for a, b in zip(r, rates["off"], strict=True)]
-            for m, r in rates.items()
-            if m != "off"
-        }
-        out["pipelined_ratio"] = {k: round(statistics.median(v), 3) for k, v in paired.items()}
-        out["pipelined_ratio_ci95"] = {
-            k: _median_and_interval(v, 3)["ci95"] for k, v in paired.items()
-        }
+        paired = {f"{m}_over_off": [a / b for a, b in zip(r, rates["off"], strict=True)]
+                  for m, r in rates.items() if m != "off"}
+        ratios = {k: _median_and_interval(v, 3) for k, v in paired.items()}
+        out["pipelined_ratio"] = {k: r["median"] for k, r in ratios.items()}
+        out["pipelined_ratio_ci95"] = {k: r["ci95"] for k, r in ratios.items()}
         out["pipelined_ratio_per_repeat"] = {k: [round(x, 3) for x in v] for k, v in paired.items()}
         off = statistics.median(rates["off"])
         out["pipelined_ratio_of_medians"] = {
-            f"{m}_over_off": round(statistics.median(r) / off, 3)
-            for m, r in rates.items()
-            if m != "off"
-        }
+            f"{m}_over_off": round(statistics.median(r) / off, 3) for m, r in rates.items() if m != "off"}
         out["call_one_p50_over_off"] = {
             m: round(out["call_one_us"][m]["p50"] / out["call_one_us"]["off"]["p50"], 3)
-            for m in rates
-            if m != "off"
-        }
+            for m in rates if m != "off"}
         out["call_one_p50_added_over_off_us"] = {
             m: _median_and_interval([a - b for a, b in zip(p50s[m], p50s["off"], strict=True)], 1)
-            for m in rates
-            if m != "off"
-        }
-    out["definition"] = (
-        f"{sizes.pipelined} call_one futures to one no-op actor, then get() each; "
-        f"{sizes.round_trips} sequential call_one round trips per repeat "
-        f"(latency over all repeats); {sizes.overhead_repeats} repeats, modes "
-        "and the floor taking turns, each in a process of its own; "
-        "pipelined_ratio = median over repeats of journaled/off; ci95 = the "
-        "distribution-free 95% interval of that median (sign test); *_over_floor_us "
-        "and *_added_over_off_us = median over repeats of the difference of "
-        "per-repeat call_one p50s"
-    )
+            for m in rates if m != "off"}
+    out["definition"] = (f"{sizes.pipelined} call_one futures to one no-op actor, then get() each; "
+                         f"{sizes.round_trips} sequential call_one round trips per repeat "
+                         f"(latency over all repeats); {sizes.overhead_repeats} repeats, modes "
+                         "and the floor taking turns, each in a process of its own; "
+                         "pipelined_ratio = median over repeats of journaled/off; ci95 = the "
+                         "distribution-free 95% interval of that median (sign test); "
+                         "*_over_floor_us and *_added_over_off_us = median over repeats of the "
+                         "difference of per-repeat call_one p50s")
     return out
 
 

@@ -490,14 +490,19 @@ class Session:
 
     def _await_observed(self) -> None:
         """Block until every outcome the program has read is durable (see _held_by)."""
-        lsn = self._observed_lsn
-        if lsn == COLLECTED:
-            lsn = self.writer.bound(self._observed_ticket)
-            if lsn is None:
-                lsn = self.writer.seal()
-            self._observed_lsn = lsn
-        self.writer.wait_durable(lsn)
+        self.writer.wait_durable(self._resolve_observed(seal=True))
         self._observed_holders.clear()
+
+    def _resolve_observed(self, seal: bool) -> int:
+        """_observed_lsn, a COLLECTED one replaced by the lsn its ticket is bound to once the
+        writer has closed the items (at once, with `seal`)."""
+        if self._observed_lsn == COLLECTED:
+            lsn = self.writer.bound(self._observed_ticket)
+            if lsn is None and seal:
+                lsn = self.writer.seal()
+            if lsn is not None:
+                self._observed_lsn = lsn
+        return self._observed_lsn
 
     def _observed(self, lsn: int, holders: Iterable[str] = ()) -> None:
         """The program has read an outcome journaled at `lsn` (-1: none, or already durable;
@@ -507,11 +512,10 @@ class Session:
         durable = writer.durable_lsn
         if lsn <= durable:
             return
-        if self._observed_lsn == COLLECTED:
-            bound = writer.bound(self._observed_ticket)
-            if bound is not None:
-                self._observed_lsn = bound
-        if self._observed_lsn <= durable:
+        before = self._observed_lsn
+        if before == COLLECTED:  # no call on the common path: one per read
+            before = self._resolve_observed(seal=False)
+        if before <= durable:
             self._observed_holders.clear()  # what they held before is durable now
         if lsn > self._observed_lsn:
             self._observed_lsn = lsn
