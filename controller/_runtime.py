@@ -346,8 +346,13 @@ class Runtime:
         """Journal first (the session decides how durably), then let the program see it.
         An outcome journaled already (in its batch's record, or read from the journal) needs
         nothing more."""
-        if self.record_result is not None and not outcome.journaled:
-            self.record_result(call, point, outcome)
+        if not outcome.journaled:
+            try:
+                if self.record_result is not None:
+                    self.record_result(call, point, outcome)
+            finally:
+                with self.lock:
+                    self.core.recorded(call.seq)
         call.sink.deliver(call, point)
 
     def mark_dead(self, proc: ProcRef, reason: str) -> None:
@@ -376,9 +381,10 @@ class Runtime:
             pending = [(c, p) for c in self.core.calls.values() for p in c.targets if p not in c.results]
         for call, point in pending:
             with self.lock:
-                done = self.core.on_result(call.seq, point, Outcome("fenced", {"em": reason}, []))
+                outcome = Outcome("fenced", {"em": reason}, [])
+                done = self.core.on_result(call.seq, point, outcome)
             if done is not None:
-                call.sink.deliver(call, point)
+                self._deliver(call, point, outcome)
 
     def fence_procs(self, procs: list[ProcRef], timeout: float = 1.0) -> None:
         """Raise every proc's epoch to ours; wait (briefly) for each live one to confirm.
@@ -462,10 +468,11 @@ class Runtime:
 
     def _tick(self, now: float) -> None:
         self._check_links()
-        with self.lock:
-            through = self.core.completed_through
         if self.durable_through is not None:
-            through = min(through, self.durable_through())
+            through = self.durable_through()
+        else:
+            with self.lock:
+                through = self.core.releasable_through
         mark = (through, self.checkpoint_seq)
         # A deposed controller releases nothing: what it journaled is the new leader's to judge.
         if mark != self._sent_watermark and self.fenced is None:

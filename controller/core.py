@@ -59,6 +59,9 @@ class ControllerCore:
         self.calls: dict[int, PendingCall] = {}
         self._finished: set[int] = set()
         self.completed_through = first_seq - 1  # every seq <= this has completed
+        # Outcomes accepted but not yet handed to the journal, per seq: a watermark must not
+        # cover them, or a worker could drop a result that no journal holds (invariant 11).
+        self._recording: dict[int, int] = {}
 
     def issue(self) -> int:
         """The call id of the program's next side effect."""
@@ -81,10 +84,27 @@ class ControllerCore:
         if call is None or point not in call.targets or point in call.results:
             return None
         call.results[point] = outcome
+        if not outcome.journaled:
+            self._recording[seq] = self._recording.get(seq, 0) + 1
         if call.complete:
             del self.calls[seq]
             self.finished(seq)
         return call
+
+    def recorded(self, seq: int) -> None:
+        """The edge has journaled (or queued, with its mark) one outcome of `seq` it accepted."""
+        left = self._recording.get(seq, 0) - 1
+        if left > 0:
+            self._recording[seq] = left
+        else:
+            self._recording.pop(seq, None)
+
+    @property
+    def releasable_through(self) -> int:
+        """Highest seq whose calls are complete with every outcome handed to the journal."""
+        if not self._recording:
+            return self.completed_through
+        return min(self.completed_through, min(self._recording) - 1)
 
     def on_proc_died(self, proc_id: str, reason: str) -> list[tuple[PendingCall, int]]:
         """Fail every outstanding point on a dead proc; returns (call, point) pairs affected."""

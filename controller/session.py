@@ -426,6 +426,10 @@ class Session:
 
     def _durable_through(self) -> int:
         """Highest seq whose calls are all complete and journaled: workers may drop them."""
+        # First what the core has accepted and seen handed to the journal: every outcome it
+        # counts there registered its mark before, so the marks read below include it.
+        with self.runtime.lock:
+            through = self.core.releasable_through
         collected = self._collected_marks
         if collected:
             # Values journaled as CALLS items take the lsn that covers them: those marked so
@@ -438,8 +442,6 @@ class Session:
             for _ in range(n):
                 self._marks.append((collected.popleft(), bound))
         durable = self.writer.durable_lsn
-        with self.runtime.lock:
-            through = self.core.completed_through
         while self._marks and self._marks[0][1] <= durable:
             self._marks.popleft()
         # A copy (made in C, under the GIL): the thread reading replies appends marks

@@ -189,3 +189,40 @@ def test_reading_results_does_not_make_the_journal_write_sooner(tmp_path):
         # plus the one under way at the start. Reads outnumber them many times over.
         assert reads > 50
         assert len(appends) <= elapsed / JOURNAL_LINGER_S + 2, (len(appends), reads, elapsed)
+
+
+def test_a_watermark_never_covers_a_result_accepted_but_not_yet_journaled(tmp_path):
+    """The IO thread's tick may come between the core accepting a reply (the call is then
+    complete) and the session handing its value to the journal: the watermark it sends then
+    must stay below the call, or the proc drops a result that no journal holds."""
+    with Session(f"watermark-gap-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        p0 = _counters(s).slice(procs=0)
+        first = p0.incr.call_one()
+        first.get(timeout=10)
+        deadline = time.monotonic() + 10
+        while s.runtime._sent_watermark[0] < first.tag and time.monotonic() < deadline:
+            s.writer.flush(timeout=10)  # everything so far durable and released
+            s.runtime._tick(time.monotonic())
+            time.sleep(0.01)
+        assert s.runtime._sent_watermark[0] >= first.tag
+        gate = _gate_appends(s)
+        record = s.runtime.record_result
+        sent: list[int] = []
+
+        def tick_in_the_gap(call, point, outcome) -> None:
+            s.runtime._tick(time.monotonic())
+            sent.append(s.runtime._sent_watermark[0])
+            record(call, point, outcome)
+
+        s.runtime.record_result = tick_in_the_gap
+        fut = p0.incr.call_one()
+        assert fut.get(timeout=10) == 2
+        s.runtime.record_result = record
+        assert sent and max(sent) < fut.tag, (sent, fut.tag)
+        # Nor once the value is handed over, while the journal still holds it back.
+        s.runtime._tick(time.monotonic())
+        assert s.runtime._sent_watermark[0] < fut.tag
+        gate.set()
+        s.writer.flush(timeout=10)
+        s.runtime._tick(time.monotonic())
+        assert s.runtime._sent_watermark[0] >= fut.tag
