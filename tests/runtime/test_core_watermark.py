@@ -9,7 +9,7 @@ def _ok() -> Outcome:
 
 def test_a_complete_call_is_not_releasable_until_its_outcome_is_handed_to_the_journal() -> None:
     core = ControllerCore("s")
-    for seq in range(3):
+    for _ in range(3):
         core.expect(core.issue(), "call", "a", "m", {0: "p0", 1: "p1"}, None)
     core.on_result(0, 0, _ok())
     core.on_result(0, 1, _ok())
