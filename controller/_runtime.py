@@ -340,12 +340,14 @@ class Runtime:
         with self.lock:
             call = self.core.on_result(seq, point, outcome)
         if call is not None:
-            self._deliver(call, point, outcome)
+            self._deliver(call, point, call.results[point])
 
     def _deliver(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """Journal first (the session decides how durably), then let the program see it.
         An outcome journaled already (in its batch's record, or read from the journal) needs
         nothing more."""
+        if call.wire is not None:
+            outcome.holder = call.wire.procs[point].id
         if not outcome.journaled:
             try:
                 if self.record_result is not None:
@@ -372,7 +374,7 @@ class Runtime:
         with self.lock:
             done = self.core.on_result(call.seq, point, outcome)
         if done is not None:
-            self._deliver(call, point, outcome)
+            self._deliver(call, point, call.results[point])
 
     def fail_all(self, reason: str) -> None:
         """Leadership is gone: every outstanding call fails, nothing more is sent."""

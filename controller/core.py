@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker import _wire as wire
+
 
 class Outcome:
     """What one point of a call ended with: status, wire metadata and payload frames.
@@ -22,15 +24,18 @@ class Outcome:
     record). Both are the controller's own: never fields of the worker's metadata, which
     comes from the network."""
 
-    __slots__ = ("status", "meta", "frames", "lsn", "journaled")
+    __slots__ = ("status", "meta", "frames", "lsn", "journaled", "holder")
 
     def __init__(self, status: str, meta: dict, frames: Sequence[Any], lsn: int = -1,
                  journaled: bool = False):
-        self.status = status  # ok | err | fenced | divergence | noactor | dead | journal
+        self.status = status  # ok | err | fenced | divergence | noactor | dead | exit | lost
         self.meta = meta
         self.frames = frames
         self.lsn = lsn
         self.journaled = journaled
+        # The proc process (ProcRef.id, which a replacement changes) whose result cache holds
+        # it until it is durable: "" for none.
+        self.holder = ""
 
     def __repr__(self) -> str:
         return f"Outcome({self.status!r}, {self.meta!r}, <{len(self.frames)} frames>)"
@@ -46,6 +51,9 @@ class PendingCall:
     sink: Any = None  # owned by the edge: how outcomes reach the program
     results: dict[int, Outcome] = field(default_factory=dict)
     wire: Any = None  # owned by the edge: enough to send the call again
+    # Points whose journaled result is a digest only (too large for the journal): rank ->
+    # (digest, size, what the standby must say if it cannot get that value back).
+    expected: dict[int, tuple[bytes, int]] | None = None
 
     @property
     def complete(self) -> bool:
@@ -83,6 +91,8 @@ class ControllerCore:
         call = self.calls.get(seq)
         if call is None or point not in call.targets or point in call.results:
             return None
+        if call.expected is not None and point in call.expected:
+            outcome = _as_journaled(call, point, outcome)
         call.results[point] = outcome
         if not outcome.journaled:
             self._recording[seq] = self._recording.get(seq, 0) + 1
@@ -123,3 +133,25 @@ class ControllerCore:
         while self.completed_through + 1 in self._finished:
             self.completed_through += 1
             self._finished.discard(self.completed_through)
+
+
+def _as_journaled(call: PendingCall, point: int, outcome: Outcome) -> Outcome:
+    """A replayed point whose journal holds a digest only: the outcome, if it is the value
+    the primary saw, else a `lost` outcome saying why the standby cannot see it again."""
+    digest, size = call.expected[point]
+    if outcome.status == "ok":
+        got = wire.digest(outcome.frames)
+        if got == digest:
+            return outcome
+        why = (f"the call, sent again, returned a different value (digest {got.hex()[:12]}, "
+               f"the journal's {digest.hex()[:12]}): its proc was restarted and ran it again")
+    else:
+        why = f"the call, sent again, failed ({outcome.status}: {outcome.meta.get('em', '')})"
+    em = (f"seq {call.seq} ({call.actor}.{call.method} point {point}): the primary read a "
+          f"{size}-byte result that the journal keeps as a digest only, and {why}. No standby "
+          "can take this session over from here. Move bulk data between actors through RDMA "
+          "buffers (regent.hipcore) rather than returning it to the controller, or journal "
+          "such values in full with REGENT_JOURNAL_VALUE_BYTES.")
+    lost = Outcome("lost", {"pt": point, "em": em}, [])
+    lost.lsn = -1
+    return lost

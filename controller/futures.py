@@ -34,7 +34,7 @@ class Future(Generic[T]):
         self._on_wait: Callable[[], None] | None = None  # e.g. send the queued call first
         self.tag: Any = None  # for on_get: which call this future belongs to
         self.lsn = -1  # the journal position of the outcome it holds, once known (-1: none)
-        self.holders: Any = ()  # the procs whose result caches hold that outcome (their keys)
+        self.holders: Any = ()  # the proc processes (ProcRef.id) whose caches hold that outcome
 
     def done(self) -> bool:
         return self._value is not _PENDING or self._exc is not None

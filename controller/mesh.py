@@ -250,7 +250,7 @@ class GatherSink:
         # Where the outcomes sit in the journal, and which procs hold them until then: what
         # the program may issue after reading them depends on both (Session._issue).
         self.future.lsn = max(o.lsn for o in call.results.values())
-        self.future.holders = call.targets.values()
+        self.future.holders = [o.holder for o in call.results.values()]
         try:
             if self.single:
                 (only,) = call.results.values()

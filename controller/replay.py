@@ -47,6 +47,12 @@ class NonDeterminismError(RegentError):
         )
 
 
+class LostResultError(RegentError):
+    """A standby cannot observe what the primary observed: a result the journal keeps as a
+    digest only could not be had again with that digest. Nothing the program does next can
+    take the session over, so every later call raises this too."""
+
+
 _RESULT = wire.Kind.RESULT
 RESULTS_MAX_BYTES = 256 * 1024  # a batch of replies larger than this is journaled result by result
 

@@ -47,6 +47,7 @@ from controller.replay import (
     START,
     SUPERVISION,
     JournaledCall,
+    LostResultError,
     NonDeterminismError,
     ReplayIndex,
     covered,
@@ -83,6 +84,28 @@ DEFAULT_LEASE_TTL_S = 2.0
 # read-then-call loop append 100 times a second: with etcd, 50-60 us of its call_one p50.
 JOURNAL_LINGER_S = 0.05
 PROC_TUNING_ENV = ("REGENT_SPIN_US",)  # passed from the controller's environment to its procs
+# A value read before a deadline: that it came in time may differ in another run, so a call
+# made after it waits until it is durable, whichever proc holds it (no proc has this id).
+IN_TIME = "<read before a deadline>"
+# Values up to this size are journaled in full; larger ones as a digest (workers keep them until
+# the next checkpoint). REGENT_JOURNAL_VALUE_BYTES may raise it, never lower it: workers drop a
+# result below LARGE_RESULT_BYTES once it is durable, so it must be in the journal whole.
+MAX_JOURNAL_VALUE_BYTES = 960 * 1024  # under journal.MAX_RECORD_BYTES, with room for the record
+
+
+def journal_value_limit() -> int:
+    """The largest result journaled in full ($REGENT_JOURNAL_VALUE_BYTES, checked)."""
+    raw = os.environ.get("REGENT_JOURNAL_VALUE_BYTES")
+    if not raw:
+        return LARGE_RESULT_BYTES
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = -1
+    if not LARGE_RESULT_BYTES <= limit <= MAX_JOURNAL_VALUE_BYTES:
+        raise ValueError(f"REGENT_JOURNAL_VALUE_BYTES={raw!r} must be an int from {LARGE_RESULT_BYTES} "
+                         f"to {MAX_JOURNAL_VALUE_BYTES} (bytes of a result journaled in full)")
+    return limit
 
 
 class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
@@ -159,6 +182,9 @@ class Session:
             self.run_id = secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
         self._journal_failed: BaseException | None = None
+        self._replay_failed: LostResultError | None = None
+        self._value_limit = journal_value_limit()
+        self._warned_big = False
         self.writer = NoWriter() if journal == "off" else GroupCommitWriter(
             self.lead, max_delay_s=JOURNAL_LINGER_S, on_failure=self._on_journal_failed)
         # Each live call's record, and each plain value answering one alone: one deque append
@@ -301,6 +327,8 @@ class Session:
             raise LeadershipLost(self._lost)
         if self._journal_failed is not None:
             raise self._journal_failed
+        if self._replay_failed is not None:
+            raise self._replay_failed
         if self.runtime.fenced:
             raise LeadershipLost(f"leadership of session {self.name!r} lost: {self.runtime.fenced}")
 
@@ -382,7 +410,7 @@ class Session:
 
     def _record_result(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """IO thread: journal a point's outcome before the program can see it."""
-        if outcome.status == "fenced":  # a journaled outcome never gets here (Runtime._deliver)
+        if outcome.status in ("fenced", "lost"):  # (a journaled outcome never gets here)
             return
         if self._no_journal:
             if outcome.status == "exit":
@@ -400,7 +428,11 @@ class Session:
                 outcome.lsn = COLLECTED
                 self._collected_marks.append(call.seq)
                 return
-            data["big"] = [wire.digest(outcome.frames), size]
+            if size <= self._value_limit:
+                data["v"] = wire.frame_bytes(outcome.frames)  # too large for a CALLS item
+            else:
+                data["big"] = [wire.digest(outcome.frames), size]
+                self._warn_big(call, point, size)
         else:
             data["x"] = {k: outcome.meta[k] for k in ("et", "em", "tb", "pid", "normal") if k in outcome.meta}
         # A supervision failure may differ between runs: durable before it is seen (invariant 4).
@@ -423,6 +455,18 @@ class Session:
             self._marks.append((call.seq, NEVER_DURABLE))
             return
         self._marks.append((call.seq, lsn))
+
+    def _warn_big(self, call: PendingCall, point: int, size: int) -> None:
+        """Tell the program, before it reads one, that a digest-only value binds a takeover to
+        the proc that holds it (once a session: a program returning bulk data does it often)."""
+        if self._warned_big:
+            return
+        self._warned_big = True
+        log.warning("a result is journaled as a digest only: a standby can replay it only while "
+                    "the proc holding it lives; move bulk data through RDMA buffers, or raise "
+                    "REGENT_JOURNAL_VALUE_BYTES", session=self.name, seq=call.seq,
+                    endpoint=f"{call.actor}.{call.method}", point=point, bytes=size,
+                    limit=self._value_limit)
 
     def _durable_through(self) -> int:
         """Highest seq whose calls are all complete and journaled: workers may drop them."""
@@ -486,7 +530,7 @@ class Session:
         if procs is None or len(holders) != 1:
             return False
         for r in ranks:
-            if procs[r].key not in holders:
+            if procs[r].id not in holders:  # a replacement holds nothing its predecessor did
                 return False
         return True
 
@@ -821,6 +865,10 @@ class Session:
         targets = {r: procs[r].key for r in ranks}
         with self.runtime.lock:
             call = self.core.expect(seq, kind, actor, method, targets, sink)
+        if jc is not None:
+            big = {r: tuple(res["big"]) for r, res in jc.results.items() if "big" in res and r in targets}
+            if big:
+                call.expected = big
         if isinstance(sink, StreamSink):  # the stream reads results from its call; other
             sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
         if jc is None:
@@ -864,9 +912,20 @@ class Session:
         """Future.get for calls: a timeout the program saw is journaled, and replayed."""
         seq = fut.tag
         self._replay_timeout(seq, "call", timeout)
-        if not self.runtime.wait_for(fut, timeout):
+        # The journal holds what the primary read here: the clock decides nothing on replay.
+        wait = None if self._journal_answers(seq) else timeout
+        if not self.runtime.wait_for(fut, wait):
             self._time_out(seq, "call", timeout)
-        self._observed(fut.lsn, fut.holders)
+        self._observed(fut.lsn, fut.holders if timeout is None else (IN_TIME,))
+
+    def _journal_answers(self, seq: int) -> bool:
+        """Does the journal hold an outcome for every point of call `seq`?"""
+        jc = self._replay.calls.get(seq) if self._replay is not None else None
+        if jc is None or not jc.results:
+            return False
+        with self.runtime.lock:
+            call = self.core.calls.get(seq)
+            return call is None or all(r in jc.results for r in call.targets)
 
     def _replay_timeout(self, seq: int, what: str, timeout: float | None) -> None:
         """Raise the TimeoutError the journal says the program saw next for this seq, if any."""
@@ -896,6 +955,9 @@ class Session:
             raise LeadershipLost(f"{who} refused {call.method}: {meta.get('em')}")
         if st == "divergence":
             raise DivergenceError(f"{who}.{call.method}: {meta.get('em')}")
+        if st == "lost":
+            self._replay_failed = LostResultError(str(meta.get("em")))
+            raise self._replay_failed
         raise SupervisionError(f"{who}.{call.method}: unexpected status {st!r}", actor=who, reason=st)
 
     def _choose(self, mesh: ActorMesh) -> int:
@@ -938,7 +1000,7 @@ class Session:
                 self._submit(OBS, {"s": call.seq, "w": "stream", "i": i, "v": rank}, durable=True)
             del buffered[rank]
             outcome = call.results[rank]
-            self._observed(outcome.lsn, (call.targets[rank],))
+            self._observed(outcome.lsn, (IN_TIME,) if timeout is not None else (outcome.holder,))
             yield point_of(sink.view.dims, index[rank]), self._decode(call, outcome)
 
 

@@ -102,8 +102,8 @@ def test_a_call_to_the_proc_holding_every_unjournaled_result_does_not_wait(tmp_p
         gate = _gate_appends(s)
         # A read-then-call loop on one actor: nothing durable, nothing waited for.
         t0 = time.monotonic()
-        assert [p0.incr.call_one().get(timeout=10) for _ in range(20)] == list(range(1, 21))
-        assert p0.peek.call_one().get(timeout=10) == 20
+        assert [p0.incr.call_one().get() for _ in range(20)] == list(range(1, 21))
+        assert p0.peek.call_one().get() == 20
         assert time.monotonic() - t0 < 5
         # Not durable, any of it: the gate holds the appends (seal gives the items their lsns).
         assert s.writer.durable_lsn < s.writer.seal()
@@ -181,7 +181,7 @@ def test_reading_results_does_not_make_the_journal_write_sooner(tmp_path):
         t0 = time.monotonic()
         reads = 0
         while time.monotonic() - t0 < 10 * JOURNAL_LINGER_S:
-            p0.incr.call_one().get(timeout=10)
+            p0.incr.call_one().get()
             reads += 1
         elapsed = time.monotonic() - t0
         # Each linger starts when the first record after a write is queued, and a collected
@@ -226,3 +226,48 @@ def test_a_watermark_never_covers_a_result_accepted_but_not_yet_journaled(tmp_pa
         s.writer.flush(timeout=10)
         s.runtime._tick(time.monotonic())
         assert s.runtime._sent_watermark[0] >= fut.tag
+
+
+def test_a_value_read_before_a_deadline_makes_even_a_call_to_its_proc_wait(tmp_path):
+    """That a value came before `get(timeout=...)` gave up may differ in another run (the
+    proc may be busy then): a call made after it, even to the proc holding it, waits until
+    it is durable, so a standby answers the read from the journal, not against the clock."""
+    with Session(f"read-deadline-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        p0 = _counters(s).slice(procs=0)
+        gate = _gate_appends(s)
+        assert p0.incr.call_one().get(timeout=10) == 1
+        assert _assert_waits_for_the_gate(s, p0.incr.call_one, gate) == [2]
+
+
+class Restartable(Actor):
+    def __init__(self) -> None:
+        self.n = 0
+
+    @endpoint
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+    @endpoint
+    def die(self) -> None:
+        os._exit(3)
+
+
+def test_a_replaced_proc_is_not_taken_for_the_holder_of_its_predecessors_results(tmp_path):
+    """The holder of an unjournaled read is a proc process: after it dies and supervision
+    replaces it (the same ProcRef.key), the replacement holds nothing, so a call to it waits."""
+    with Session(f"read-replaced-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("r", Restartable, restart="permanent")
+        gate = _gate_appends(s)
+        assert mesh.incr.call_one().get() == 1
+        old = mesh._procs[0].id
+        mesh.die.broadcast()  # the proc itself holds its result: nothing waits for the journal
+        deadline = time.monotonic() + 20
+        while (mesh._procs[0].id == old or not mesh._procs[0].alive) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mesh._procs[0].id != old, "supervision did not replace the proc"
+        assert mesh._procs[0].key == old
+        state = s._supervisor.meshes["r"]
+        assert state.ready[0].wait(20)
+        got = _assert_waits_for_the_gate(s, mesh.incr.call_one, gate)
+        assert got == [1]  # a rebuilt actor
