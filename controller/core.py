@@ -147,8 +147,8 @@ def _as_journaled(call: PendingCall, point: int, outcome: Outcome) -> Outcome:
                f"the journal's {digest.hex()[:12]}): its proc was restarted and ran it again")
     else:
         why = f"the call, sent again, failed ({outcome.status}: {outcome.meta.get('em', '')})"
-    em = (f"seq {call.seq} ({call.actor}.{call.method} point {point}): the primary read a "
-          f"{size}-byte result that the journal keeps as a digest only, and {why}. No standby "
+    em = (f"seq {call.seq} ({call.actor}.{call.method} point {point}): the journal keeps its "
+          f"{size}-byte result as a digest only, and {why}. No standby "
           "can take this session over from here. Move bulk data between actors through RDMA "
           "buffers (regent.hipcore) rather than returning it to the controller, or journal "
           "such values in full with REGENT_JOURNAL_VALUE_BYTES.")

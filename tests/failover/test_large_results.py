@@ -1,0 +1,75 @@
+"""A result too large for the journal is kept there as its digest: a standby observes the
+same value (from the proc that still holds it) or stops, saying which result and what to do.
+A value whose digest differs from the journal's never reaches the program."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.failover.harness import PROGRAMS
+
+
+def _run(mode: str, session: str, journal: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PROGRAMS / "big_result.py")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "MODE": mode, "SESSION": session, "JOURNAL": journal,
+                                            "PYTHONUNBUFFERED": "1", **env})
+
+
+def _digest(out: str) -> str:
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("DIGEST ")]
+    return line.split()[1]
+
+
+@pytest.fixture
+def journal(tmp_path) -> str:
+    return f"sqlite://{tmp_path / 'j.db'}"
+
+
+def test_a_standby_reads_a_digest_only_result_again_from_the_proc_that_holds_it(journal):
+    session = f"big-kept-{os.getpid()}"
+    primary = _run("primary", session, journal)
+    assert primary.returncode == 0, primary.stderr[-2000:]
+    standby = _run("standby", session, journal)
+    assert standby.returncode == 0, standby.stderr[-2000:]
+    assert _digest(standby.stdout) == _digest(primary.stdout)
+    assert "DONE" in standby.stdout
+
+
+def test_a_standby_stops_when_a_digest_only_result_comes_back_different(journal):
+    """The proc died with the primary; its restarted actor runs the call again and returns
+    other bytes: the standby refuses them and names the result and the remedies."""
+    session = f"big-lost-{os.getpid()}"
+    primary = _run("primary-kill-proc", session, journal)
+    assert primary.returncode == 0, primary.stderr[-2000:]
+    standby = _run("standby", session, journal)
+    assert standby.returncode == 3, (standby.stdout, standby.stderr[-3000:])
+    assert "DIGEST" not in standby.stdout
+    assert re.search(r"seq \d+ \(b\.blob point 0\): the journal keeps its 2000\d\d-byte result as a "
+                     "digest only, and the call, sent again, returned a different value", standby.stdout)
+    assert "RDMA" in standby.stdout and "REGENT_JOURNAL_VALUE_BYTES" in standby.stdout
+
+
+def test_a_larger_journal_value_limit_journals_the_value_so_any_standby_replays_it(journal):
+    session = f"big-journaled-{os.getpid()}"
+    env = {"REGENT_JOURNAL_VALUE_BYTES": str(256 * 1024)}
+    primary = _run("primary-kill-proc", session, journal, **env)
+    assert primary.returncode == 0, primary.stderr[-2000:]
+    standby = _run("standby", session, journal, **env)
+    assert standby.returncode == 0, standby.stderr[-2000:]
+    assert _digest(standby.stdout) == _digest(primary.stdout)
+
+
+def test_a_journal_value_limit_below_the_workers_is_refused():
+    from controller.session import journal_value_limit
+
+    os.environ["REGENT_JOURNAL_VALUE_BYTES"] = "1000"
+    try:
+        with pytest.raises(ValueError, match="REGENT_JOURNAL_VALUE_BYTES"):
+            journal_value_limit()
+    finally:
+        del os.environ["REGENT_JOURNAL_VALUE_BYTES"]
