@@ -1,6 +1,6 @@
 """chaos: Toxiproxy-driven network faults, process faults and fault schedules.
 
-Drives the system under test from outside only (see DESIGN.md, "Chaos"): it knows
+Drives the system under test from outside only (see docs/design.md, "Chaos"): it knows
 addresses and pids, never the internals of controller, worker or journal.
 """
 

@@ -1,7 +1,7 @@
 """regent's journal: the durable, fenced record of every call a controller makes.
 
 Storage only (etcd or SQLite): it knows records, sessions, leaders and epochs, never actors
-or transports. See DESIGN.md, "Journal storage in etcd".
+or transports. See docs/design.md, "Journal storage in etcd".
 """
 
 from .codec import MAX_RECORD_BYTES
