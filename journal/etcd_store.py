@@ -398,17 +398,15 @@ class EtcdStore:
         quiet: bool = False,
         retry_if: Callable[[BaseException], bool] = is_transient,
     ) -> T:
+        call = fn if self.target.user is None else lambda: self._with_token(self._client, fn)
         try:
             return self._retry_transient(
-                lambda: self._with_token(self._client, fn),
-                what=what, within_s=within_s, quiet=quiet, retry_if=retry_if,
-            )  # fmt: skip
-        except JournalUnavailable:
-            raise
-        except Exception as exc:
+                call, what=what, within_s=within_s, quiet=quiet, retry_if=retry_if
+            )
+        except (grpc.RpcError, etcd_exc.Etcd3Exception) as exc:
             denied = self._tls_error(exc) or self._denied(exc, what)
             if denied is not None:
-                raise denied from None
+                raise denied from exc
             raise
 
     def _retry_transient(
