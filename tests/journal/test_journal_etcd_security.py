@@ -260,6 +260,22 @@ def test_a_user_without_rights_on_the_journal_prefix_is_told_what_to_grant(no_et
             assert "denied user 'regent'" in str(info.value)
 
 
+@needs_etcd
+def test_a_leader_keeps_writing_after_etcd_restarts_and_forgets_its_auth_token(
+    no_etcd_env, session
+):
+    with EtcdServer() as server:
+        server.enable_auth("regent", PASSWORD)
+        no_etcd_env.setenv("REGENT_ETCD_PASSWORD", PASSWORD)
+        with open_journal(f"{server.url}?user=regent") as journal:
+            with journal.campaign(session, "primary", ttl_s=5.0) as lead:
+                lead.append([("note", {"i": 1})])
+                server.restart()  # etcd keeps leases across restarts, not auth tokens
+                lead.append([("note", {"i": 2})])
+                assert not lead.lost.is_set()
+            assert [r.data["i"] for r in journal.read(session)] == [1, 2]
+
+
 _AUTH_PROGRAM = textwrap.dedent(
     """
     import sys, time
