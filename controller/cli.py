@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     _chaos_arguments(chaos_sub.add_parser("run", help="run SCENARIO (a .toml or .json file), print the report"))
     jr = sub.add_parser("journal", help="inspect a session's journal")
     jr.add_argument("--journal", default=os.environ.get("REGENT_JOURNAL"),
-                    help="etcd://host:port or sqlite:///path (default: the embedded store)")
+                    help="etcd://host:port, etcds://host:port?ca=..&cert=..&key=.. (TLS; add &user=NAME "
+                         "with $REGENT_ETCD_PASSWORD for etcd auth) or sqlite:///path (default: the embedded store)")
     jsub = jr.add_subparsers(dest="journal_command", required=True)
     jsub.add_parser("ls", help="list sessions")
     show = jsub.add_parser("show", help="a readable timeline of a session")

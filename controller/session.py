@@ -129,8 +129,9 @@ class RunFinished(SystemExit):
 class Session:
     """A regent session: `with Session("name") as s: ...`.
 
-    journal: "etcd://host:port[,host:port]", "sqlite:///path.db", None for the
-    embedded SQLite store in $REGENT_HOME, or "off" (no journal: no takeover).
+    journal: "etcd://host:port[,host:port]" (or "etcds://...?ca=&cert=&key=" for TLS, either
+    with "user=NAME" for etcd auth: see journal.open_journal), "sqlite:///path.db", None for
+    the embedded SQLite store in $REGENT_HOME, or "off" (no journal: no takeover).
     orphan_timeout_s: how long host agents keep this session's procs when no controller
     (primary or standby) contacts them (default $REGENT_ORPHAN_TIMEOUT_S or 300 s).
     links: optional routing of this controller's connections (chaos tests put a

@@ -8,6 +8,7 @@ from .codec import MAX_RECORD_BYTES
 from .election import Leadership
 from .errors import (
     CorruptRecord,
+    JournalAccessDenied,
     JournalError,
     JournalUnavailable,
     LeadershipLost,
@@ -22,6 +23,7 @@ __all__ = [
     "CorruptRecord",
     "GroupCommitWriter",
     "Journal",
+    "JournalAccessDenied",
     "JournalError",
     "JournalUnavailable",
     "Leadership",

@@ -14,6 +14,11 @@ class JournalUnavailable(JournalError):
     """The journal's store (etcd or the SQLite file) cannot be reached or opened."""
 
 
+class JournalAccessDenied(JournalError):
+    """The store refused this client: its TLS certificate, its user or password, or the
+    user's permissions. Retrying does not help; the configuration must change."""
+
+
 class LeadershipLost(JournalError):
     """This holder no longer leads the session: its lease expired or another holder took over.
 

@@ -5,11 +5,16 @@ lease; its create revision is the epoch), `log/<first lsn, 16 hex digits>` (one 
 records per key), `checkpoint`, `compacted`. Every write is one transaction conditioned on
 the leader key, and is idempotent, so a retry after an ambiguous failure (etcd restarted
 mid-request) neither loses nor duplicates records.
+
+Connections use TLS and etcd user auth as the url says (journal/etcd_target.py); an auth
+token that etcd stops accepting (it expired, or etcd restarted) is replaced by a fresh one
+and the request sent again.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -17,6 +22,7 @@ from typing import Any, TypeVar
 import grpc
 import pyetcd
 import structlog
+from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exc
 from pyetcd.utils import prefix_range_end
 from tenacity import (
@@ -29,7 +35,8 @@ from tenacity import (
 
 from .backend import Grant, Incumbent, parse_stored_holder, stored_holder
 from .batching import Batch
-from .errors import JournalError, JournalUnavailable, LeadershipLost
+from .errors import JournalAccessDenied, JournalError, JournalUnavailable, LeadershipLost
+from .etcd_target import ENV_CA, ENV_CERT, ENV_KEY, ENV_PASSWORD, EtcdTarget
 
 log = structlog.get_logger("journal.etcd")
 
@@ -68,11 +75,62 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() in _TRANSIENT_CODES
 
 
-def start_hint(address: str) -> str:
+def start_hint(address: str, *, tls: bool = False) -> str:
+    if tls:
+        return (
+            f"start one with: etcd --data-dir /tmp/etcd --listen-client-urls https://{address} "
+            f"--advertise-client-urls https://{address} --cert-file SERVER.pem "
+            "--key-file SERVER-KEY.pem"
+        )
     return (
         f"start one with: etcd --data-dir /tmp/etcd --listen-client-urls http://{address} "
         f"--advertise-client-urls http://{address}"
     )
+
+
+def _rpc_error(exc: BaseException) -> grpc.RpcError | None:
+    """The gRPC error behind `exc`: pyetcd raises its own exceptions from inside an
+    `except grpc.RpcError`, which leaves the original (and its details) as the context."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return None
+        if isinstance(seen, grpc.RpcError) and hasattr(seen, "details"):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _details(exc: BaseException) -> str:
+    rpc = _rpc_error(exc)
+    return (rpc.details() or "") if rpc is not None else ""
+
+
+def _describe(exc: BaseException) -> str:
+    details = _details(exc)
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text} ({details})" if details and details not in text else text
+
+
+# What etcd answers when it no longer accepts a token (it expired, etcd restarted, or the auth
+# store changed since the token was issued); a fresh token fixes all three.
+_STALE_TOKEN = ("invalid auth token", "revision of auth store is old")
+
+
+def _token_rejected(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.RpcError) and any(
+        marker in (exc.details() or "") for marker in _STALE_TOKEN
+    )
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    """A TLS handshake that failed on a certificate: sending again cannot succeed."""
+    details = _details(exc)
+    return any(
+        marker in details
+        for marker in ("CERTIFICATE_VERIFY_FAILED", "TSI_DATA_CORRUPTED", "BAD_CERTIFICATE",
+                       "CERTIFICATE_REQUIRED", "Peer name", "WRONG_VERSION_NUMBER")
+    )  # fmt: skip
 
 
 def _session_prefix(session: str) -> bytes:
@@ -107,57 +165,258 @@ class EtcdStore:
 
     def __init__(
         self,
-        addresses: list[tuple[str, int]],
+        target: EtcdTarget,
         *,
         op_timeout_s: float = 5.0,
         retry_s: float = 10.0,
         connect_timeout_s: float = 2.0,
     ) -> None:
-        if not addresses:
+        if not target.addresses:
             raise ValueError("an etcd journal url needs at least one host:port")
-        self.addresses = addresses
-        self.address_text = ",".join(f"{h}:{p}" for h, p in addresses)
-        self.url = f"etcd://{self.address_text}"
+        self.target = target
+        self.addresses = list(target.addresses)
+        self.address_text = target.address_text
+        # Carries no password: safe for logs, errors and other processes' command lines.
+        self.url = target.url
         self._op_timeout_s = op_timeout_s
         self._retry_s = retry_s
+        self._credentials = self._channel_credentials()
+        # The auth token every client of this store sends; replaced when etcd stops taking it.
+        self._token_lock = threading.Lock()
+        self._token: str | None = None
+        self._clients: list[pyetcd.MultiEndpointEtcd3Client] = []
         self._client = self._make_client(op_timeout_s)
         self._keepalive_client: pyetcd.MultiEndpointEtcd3Client | None = None
         self._check_reachable(connect_timeout_s)
+
+    def _channel_credentials(self) -> grpc.ChannelCredentials | None:
+        tls = self.target.tls
+        if tls is None:
+            return None
+        pem: dict[str, bytes | None] = {}
+        for name, what in (("ca", "CA certificate"), ("cert", "client certificate"),
+                           ("key", "client key")):  # fmt: skip
+            path = getattr(tls, name)
+            if path is None:
+                pem[name] = None
+                continue
+            try:
+                pem[name] = path.read_bytes()
+            except OSError as exc:
+                raise JournalAccessDenied(
+                    f"etcd journal {self.url}: cannot read the {what} {path} (from "
+                    f"{tls.source(name)}): {exc.strerror or exc}; point {tls.source(name)} at a "
+                    "readable PEM file"
+                ) from None
+            if b"-----BEGIN" not in pem[name]:
+                raise JournalAccessDenied(
+                    f"etcd journal {self.url}: the {what} {path} (from {tls.source(name)}) is "
+                    "not a PEM file; give the PEM file etcd's certificates were made with"
+                )
+        return grpc.ssl_channel_credentials(pem["ca"], pem["key"], pem["cert"])
 
     def _make_client(self, timeout: float) -> pyetcd.MultiEndpointEtcd3Client:
         # pyetcd marks a failed endpoint unusable for `time_retry` seconds; with one endpoint
         # that would turn a one-second etcd restart into minutes of errors.
         several = len(self.addresses) > 1
+        secure = self._credentials is not None
         endpoints = [
             pyetcd.Endpoint(
-                host, port, secure=False, time_retry=0.5 if several else 0.0, opts=_GRPC_OPTIONS
+                host, port, secure=secure, creds=self._credentials,
+                time_retry=0.5 if several else 0.0, opts=_GRPC_OPTIONS,
             )
             for host, port in self.addresses
-        ]
-        return pyetcd.MultiEndpointEtcd3Client(
+        ]  # fmt: skip
+        # The user and password are not handed to pyetcd: it would send the token as call
+        # credentials, which gRPC refuses over plain connections. The token goes as request
+        # metadata instead, which pyetcd sends with every call (see _authenticate).
+        client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=endpoints, timeout=timeout, failover=several
         )
+        with self._token_lock:
+            client.metadata = None if self._token is None else (("token", self._token),)
+            self._clients.append(client)
+        return client
+
+    def _authenticate(self, client: pyetcd.MultiEndpointEtcd3Client, stale: str | None) -> None:
+        """Get a fresh auth token through `client` and hand it to every client of this store,
+        unless another thread already replaced the token `stale` that etcd refused."""
+        user, password = self.target.user, self.target.password
+        if user is None or password is None:
+            return
+        with self._token_lock:
+            if self._token != stale:
+                return
+            try:
+                token = self._fetch_token(client, user, password)
+            except grpc.RpcError as exc:
+                if "authentication is not enabled" in (exc.details() or ""):
+                    log.warning(
+                        "etcd does not have auth enabled; connecting without a user",
+                        etcd=self.url,
+                    )
+                    return
+                raise
+            self._token = token
+            for each in self._clients:
+                each.metadata = (("token", token),)
+
+    @staticmethod
+    def _fetch_token(client: pyetcd.MultiEndpointEtcd3Client, user: str, password: str) -> str:
+        # Asked of each endpoint in turn, the one in use first: pyetcd fails over only inside
+        # its own request methods, and it has none for Authenticate. Any member's token is
+        # good cluster-wide (etcd applies each authentication through raft).
+        request = etcdrpc.AuthenticateRequest(name=user, password=password)
+        endpoints = [client.endpoint_in_use]
+        endpoints += [ep for ep in client.endpoints.values() if ep is not endpoints[0]]
+        for i, endpoint in enumerate(endpoints):
+            try:
+                return etcdrpc.AuthStub(endpoint.channel).Authenticate(request, client.timeout).token
+            except grpc.RpcError as exc:
+                if i == len(endpoints) - 1 or not is_transient(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _with_token(self, client: pyetcd.MultiEndpointEtcd3Client, fn: Callable[[], T]) -> T:
+        """Run `fn`; if etcd refuses the token it sent, authenticate again and run it once more."""
+        sent = self._token
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            if self.target.user is None or not _token_rejected(exc):
+                raise
+            log.info("etcd refused the auth token; authenticating again", etcd=self.url,
+                     user=self.target.user, reason=exc.details())  # fmt: skip
+        self._authenticate(client, sent)
+        return fn()
+
+    def _denied(self, exc: BaseException, what: str) -> JournalAccessDenied | None:
+        """The access error `exc` stands for, worded for a person, or None if it is not one."""
+        rpc = _rpc_error(exc)
+        if rpc is None:
+            return None
+        code, details = rpc.code(), rpc.details() or ""
+        user = self.target.user
+        if "invalid user ID or password" in details:
+            return JournalAccessDenied(
+                f"etcd at {self.url} refused user {user!r}: wrong password or no such user "
+                f"({details}); set ${ENV_PASSWORD} to that user's password, or fix ?user="
+            )
+        if "user name is empty" in details:
+            return JournalAccessDenied(
+                f"etcd at {self.url} has auth enabled and needs a user ({details}): add "
+                f"?user=NAME to the journal url and export ${ENV_PASSWORD}"
+            )
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return JournalAccessDenied(
+                f"etcd at {self.url} denied user {user!r} the {what} ({details}): grant its role "
+                "read-write on the journal's keys, e.g. `etcdctl role grant-permission ROLE "
+                "--prefix=true readwrite /regent/`"
+            )
+        if code == grpc.StatusCode.UNAUTHENTICATED or _token_rejected(rpc):
+            return JournalAccessDenied(
+                f"etcd at {self.url} did not accept a fresh auth token for user {user!r} "
+                f"({details}); check the user exists and etcd's --auth-token setting"
+            )
+        return None
+
+    def _tls_error(self, exc: BaseException) -> JournalAccessDenied | None:
+        tls = self.target.tls
+        details = _details(exc)
+        if tls is None or not _tls_refused(exc):
+            return None
+        host = self.addresses[0][0]
+        if "CERTIFICATE_VERIFY_FAILED" in details or "Peer name" in details:
+            trusted = "the system's CA roots" if tls.ca is None else f"the CA in {tls.ca}"
+            return JournalAccessDenied(
+                f"etcd at {self.url} presented a certificate that {trusted} does not accept "
+                f"({details}); set {tls.source('ca')} to the CA that signed etcd's --cert-file, "
+                f"and check that certificate names {host}"
+            )
+        if "WRONG_VERSION_NUMBER" in details:
+            return JournalAccessDenied(
+                f"etcd at {self.url} does not speak TLS ({details}); if it serves http, use "
+                f"etcd://{self.address_text} with ${ENV_CA}, ${ENV_CERT} and ${ENV_KEY} unset"
+            )
+        if tls.cert is None:
+            return JournalAccessDenied(
+                f"etcd at {self.url} refused the TLS connection ({details}): it requires a "
+                f"client certificate (--client-cert-auth); give cert= and key= in the url, or "
+                f"set ${ENV_CERT} and ${ENV_KEY}"
+            )
+        return JournalAccessDenied(
+            f"etcd at {self.url} refused the client certificate {tls.cert} ({details}): it must "
+            "be signed by the CA in etcd's --trusted-ca-file"
+        )
+
+    def _first_contact(self) -> None:
+        self._authenticate(self._client, None)
+        self._client.status()
 
     def _check_reachable(self, connect_timeout_s: float) -> None:
+        tls = self.target.tls is not None
         try:
-            self._retry(self._client.status, what="status", within_s=connect_timeout_s, quiet=True)
+            self._retry(
+                self._first_contact,
+                what="status",
+                within_s=connect_timeout_s,
+                quiet=True,
+                retry_if=lambda exc: is_transient(exc) and not _tls_refused(exc),
+            )
         except JournalUnavailable as exc:
             cause = exc.__cause__
             first = self.addresses[0]
             address = f"{first[0]}:{first[1]}"
-            if isinstance(cause, etcd_exc.ConnectionTimeoutError):
+            where = self.url if tls or self.target.user else self.address_text
+            rpc = _rpc_error(exc)
+            timed_out = rpc is not None and rpc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            if timed_out or isinstance(cause, etcd_exc.ConnectionTimeoutError):
                 problem = (
                     f"did not answer within {connect_timeout_s:g}s (is it paused or overloaded?"
                 )
+            elif not tls and "Socket closed" in _details(exc):
+                problem = (
+                    "closed the connection at once (if it serves TLS, use "
+                    f"etcds://{self.address_text}?ca=PATH or set ${ENV_CA}; if not,"
+                )
             else:
                 problem = "refused the connection (is etcd running?"
-            self._client.close()
+            self.close()
             raise JournalUnavailable(
-                f"etcd at {self.address_text} {problem} {start_hint(address)})"
+                f"etcd at {where} {problem} {start_hint(address, tls=tls)})"
             ) from cause
+        except BaseException:
+            self.close()
+            raise
 
     def _retry(
-        self, fn: Callable[[], T], *, what: str, within_s: float | None = None, quiet: bool = False
+        self,
+        fn: Callable[[], T],
+        *,
+        what: str,
+        within_s: float | None = None,
+        quiet: bool = False,
+        retry_if: Callable[[BaseException], bool] = is_transient,
+    ) -> T:
+        call = fn if self.target.user is None else lambda: self._with_token(self._client, fn)
+        try:
+            return self._retry_transient(
+                call, what=what, within_s=within_s, quiet=quiet, retry_if=retry_if
+            )
+        except (grpc.RpcError, etcd_exc.Etcd3Exception) as exc:
+            denied = self._tls_error(exc) or self._denied(exc, what)
+            if denied is not None:
+                raise denied from exc
+            raise
+
+    def _retry_transient(
+        self,
+        fn: Callable[[], T],
+        *,
+        what: str,
+        within_s: float | None,
+        quiet: bool,
+        retry_if: Callable[[BaseException], bool],
     ) -> T:
         limit = self._retry_s if within_s is None else within_s
         # The first attempt runs bare: building a Retrying costs more than a local etcd
@@ -165,36 +424,36 @@ class EtcdStore:
         try:
             return fn()
         except Exception as exc:
-            if not is_transient(exc):
+            if not retry_if(exc):
                 raise
             (log.debug if quiet else log.warning)(
-                "etcd request failed, retrying", request=what, etcd=self.address_text, attempt=1,
-                error=f"{type(exc).__name__}: {exc}")
+                "etcd request failed, retrying", request=what, etcd=self.url, attempt=1,
+                error=_describe(exc))
 
         def note(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             log.debug(
                 "etcd request failed, retrying",
                 request=what,
-                etcd=self.address_text,
+                etcd=self.url,
                 attempt=state.attempt_number + 1,
-                error=f"{type(exc).__name__}: {exc}",
+                error=None if exc is None else _describe(exc),
             )
 
         retrying = Retrying(
             stop=stop_after_delay(limit),
             wait=wait_exponential(multiplier=0.05, min=0.05, max=0.5),
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(retry_if),
             before_sleep=note,
             reraise=True,
         )
         try:
             return retrying(fn)
         except Exception as exc:
-            if is_transient(exc):
+            if retry_if(exc):
                 raise JournalUnavailable(
                     f"etcd at {self.address_text} did not complete {what} within {limit:g}s "
-                    f"({type(exc).__name__}: {exc}); check that etcd is running and reachable"
+                    f"({_describe(exc)}); check that etcd is running and reachable"
                 ) from exc
             raise
 
@@ -252,7 +511,8 @@ class EtcdStore:
         if self._keepalive_client is None:
             timeout = max(0.2, min(grant.ttl_s / 4, 2.0))
             self._keepalive_client = self._make_client(timeout)
-        responses = list(self._keepalive_client.refresh_lease(grant.lease_id))
+        client = self._keepalive_client
+        responses = self._with_token(client, lambda: list(client.refresh_lease(grant.lease_id)))
         return bool(responses) and responses[0].TTL > 0
 
     def release(self, grant: Grant, *, within_s: float = 3.0) -> None:
@@ -447,6 +707,7 @@ class EtcdStore:
         self._retry(lambda: self._client.delete_prefix(prefix), what="delete session")
 
     def close(self) -> None:
-        self._client.close()
-        if self._keepalive_client is not None:
-            self._keepalive_client.close()
+        with self._token_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()

@@ -10,7 +10,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import structlog
 
@@ -43,23 +42,22 @@ def _check_session(session: str) -> None:
 
 
 def open_journal(url: str | None = None) -> Journal:
-    """Open the journal at `url`: "etcd://host:port[,host:port...]" or "sqlite:///abs/path.db".
+    """Open the journal at `url`: "etcd://host:port[,host:port...]", the same with TLS as
+    "etcds://host:port[,...]?ca=PATH&cert=PATH&key=PATH", or "sqlite:///abs/path.db".
 
+    etcd urls may add `user=NAME` (password from $REGENT_ETCD_PASSWORD, never the url); a
+    plain etcd:// url uses TLS when $REGENT_ETCD_CA, _CERT or _KEY is set (see etcd_target.py).
     None opens the embedded default, SQLite at $REGENT_HOME/journal.db (~/.regent/journal.db).
-    Raises JournalUnavailable, naming the address and what to do, if the store is unreachable.
+    Raises JournalUnavailable, naming the address and what to do, if the store is unreachable,
+    and JournalAccessDenied if it refuses this client's certificate, user or password.
     """
     url = url or default_url()
     scheme, _, rest = url.partition("://")
-    if scheme == "etcd":
+    if scheme in ("etcd", "etcds"):
         from .etcd_store import EtcdStore
+        from .etcd_target import parse_etcd_url
 
-        addresses: list[tuple[str, int]] = []
-        for part in rest.strip("/").split(","):
-            split = urlsplit(f"//{part}")
-            if not split.hostname:
-                raise ValueError(f"bad etcd address {part!r} in journal url {url!r}")
-            addresses.append((split.hostname, split.port or 2379))
-        return Journal(EtcdStore(addresses))
+        return Journal(EtcdStore(parse_etcd_url(url)))
     if scheme == "sqlite":
         if not rest.startswith("/"):
             raise ValueError(
@@ -68,9 +66,9 @@ def open_journal(url: str | None = None) -> Journal:
         from .sqlite_store import SqliteStore
 
         return Journal(SqliteStore(rest))
-    raise ValueError(
-        f"unknown journal url {url!r}: use etcd://host:port[,host:port] or sqlite:///abs/path.db"
-    )
+    from .etcd_target import USAGE, redact
+
+    raise ValueError(f"unknown journal url {redact(url)!r}: use {USAGE} or sqlite:///abs/path.db")
 
 
 class Journal:
