@@ -103,6 +103,9 @@ def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
         if args.journal_command == "verify":
             report = j.verify(args.session)
             print(report)
+            if not report.ok and j.repair(args.session, dry_run=True).tail:
+                print(f"  the log ends in a torn tail and is clean before it: `regent journal repair "
+                      f"{args.session} --dry-run` shows what dropping it removes")
             return 0 if report.ok else 1
         if args.journal_command == "compact":
             removed = j.compact(args.session, keep_before_lsn=_prologue_end(j, args.session))

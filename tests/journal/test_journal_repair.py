@@ -165,6 +165,10 @@ def test_a_session_stopped_by_a_torn_tail_resumes_after_regent_journal_repair(
     with pytest.raises(CorruptRecord, match=f"`regent journal repair {session}`"):
         Session(session, journal=journal_url)
 
+    verify = _regent("journal", "--journal", journal_url, "verify", session)
+    assert verify.returncode == 1 and "torn record" in verify.stdout
+    assert f"the log ends in a torn tail and is clean before it: `regent journal repair {session}" \
+        in verify.stdout
     dry = _regent("journal", "--journal", journal_url, "repair", session, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert f"lsn {last[0]}" in dry.stdout and "would drop its torn tail" in dry.stdout
