@@ -7,6 +7,8 @@ import pyetcd
 import pytest
 
 from journal import Journal, JournalError, open_journal
+from journal.etcd_store import EtcdStore
+from journal.sqlite_store import SqliteStore
 
 # More batches than the first page of either store holds (SQLite 512, etcd 64 then more).
 _BATCHES = 600
@@ -78,4 +80,29 @@ def test_an_etcd_read_that_loses_its_revision_to_etcd_and_its_log_to_a_compactio
         with pytest.raises(JournalError, match="compacted while it was being read.*read it again"):
             list(reading)
         assert [r.lsn for r in journal.read(session)] == [0, *range(_CHECKPOINT, _BATCHES)]
+        lead.close()
+
+
+def _small_pages(url: str) -> Journal:
+    """The store at `url` reading 4 batches per page: many page boundaries in a short log."""
+    if url.startswith("sqlite://"):
+        return Journal(SqliteStore(url.removeprefix("sqlite://"), read_page=4))
+    host, port = url.removeprefix("etcd://").split(":")
+    return Journal(EtcdStore([(host, int(port))], read_page=4))
+
+
+def test_compactions_between_small_pages_never_tear_a_read(journal_url: str, session: str):
+    with _small_pages(journal_url) as journal:
+        lead = journal.campaign(session, "primary")
+        for lsn in range(40):
+            lead.append([("call", {"lsn": lsn})])
+        for checkpoint in (10, 20, 30):
+            lead.checkpoint({}, lsn=checkpoint)
+            reading = journal.read(session, start_lsn=2)
+            head = [next(reading).lsn for _ in range(5)]
+            before = [r.lsn for r in journal.read(session, start_lsn=2)]
+            with open_journal(journal_url) as other:
+                assert other.compact(session, keep_before_lsn=1) > 0
+            assert head + [r.lsn for r in reading] == before
+        assert [r.lsn for r in journal.read(session)] == [0, *range(30, 40)]
         lead.close()
