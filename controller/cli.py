@@ -1,5 +1,5 @@
 """The `regent` command line: host agents, keys, running programs with standbys, the
-demo, and the journal tools (ls, show, verify, compact, export, replay)."""
+demo, and the journal tools (ls, show, verify, compact, repair, export, replay)."""
 
 from __future__ import annotations
 
@@ -103,11 +103,19 @@ def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
         if args.journal_command == "verify":
             report = j.verify(args.session)
             print(report)
+            if not report.ok and j.repair(args.session, dry_run=True).tail:
+                print(f"  the log ends in a torn tail and is clean before it: `regent journal repair "
+                      f"{args.session} --dry-run` shows what dropping it removes")
             return 0 if report.ok else 1
         if args.journal_command == "compact":
             removed = j.compact(args.session, keep_before_lsn=_prologue_end(j, args.session))
             print(f"compacted {removed} records of {args.session!r} covered by its checkpoint")
             return 0
+        if args.journal_command == "repair":
+            plan = j.repair(args.session, dry_run=args.dry_run)
+            for line in plan.lines(dry_run=args.dry_run):
+                print(line)
+            return 1 if plan.refused is not None else 0
         if args.journal_command == "export":
             return _export(j, args)
         if args.journal_command == "replay":
@@ -213,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("session")
     compact = jsub.add_parser("compact", help="delete log records covered by the latest checkpoint")
     compact.add_argument("session")
+    repair = jsub.add_parser(
+        "repair", help="drop a torn tail (the damaged last batches) that stops the session from resuming",
+        description="Drop SESSION's torn tail: the stored batches from the first one that fails to decode "
+                    "to the end of the log, none of which decodes. Prints what it drops (lsns, record kinds "
+                    "where readable, bytes). Refused, non-zero exit, while a live controller leads the "
+                    "session, or when the log has any other damage (which it names).")
+    repair.add_argument("session")
+    repair.add_argument("--dry-run", action="store_true", help="show what it would drop; change nothing")
     export = jsub.add_parser("export", help="a session as a Perfetto trace (ui.perfetto.dev) or JSON lines")
     export.add_argument("session")
     export.add_argument("--format", choices=("perfetto", "jsonl"), default="perfetto")
@@ -225,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "go after --, as it ran: regent journal replay S --program p.py -- --session S")
     replay.add_argument("session")
     replay.add_argument("--program", required=True, help="the controller program (a .py file)")
-    for sp in (show, verify, compact, export, replay):
+    for sp in (show, verify, compact, repair, export, replay):
         sp.add_argument("--journal", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 

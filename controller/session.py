@@ -166,7 +166,11 @@ class Session:
                                           on_waiting=self._on_waiting)
         self.takeover_at = time.monotonic()
         self.epoch = self.lead.epoch
-        previous = ReplayIndex(self.journal.read(name))
+        try:
+            previous = ReplayIndex(self.journal.read(name))
+        except BaseException:
+            self.journal.close()  # resigns: a damaged journal must not stay led by a dead Session
+            raise
         if self.waited and previous.ended:
             # The primary this process stood by for finished the run: there is nothing to
             # take over, and starting the program again would run every call a second time.

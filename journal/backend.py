@@ -7,7 +7,7 @@ record contents beyond what it is handed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,6 +69,42 @@ class Incumbent:
         return stored_holder(self.holder, self.beacon)
 
 
+class LogSnapshot:
+    """A session's log as of one moment: its batches, its compaction note and its checkpoint
+    all read from one store snapshot, so a compaction running meanwhile cannot tear the read.
+
+    Iterate it once for (first lsn, value) in lsn order; close it (or exhaust it) to end the
+    store's read transaction.
+    """
+
+    def __init__(
+        self,
+        compacted: bytes | None,
+        checkpoint: bytes | None,
+        batches: Iterator[tuple[int, bytes]],
+        close: Callable[[], None] | None = None,
+    ) -> None:
+        self.compacted = compacted
+        self.checkpoint = checkpoint
+        # The store's reader; a backend may set it after building the snapshot it updates.
+        self.batches = batches
+        self._close = close
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return self.batches
+
+    def close(self) -> None:
+        close, self._close = self._close, None
+        if close is not None:
+            close()
+
+    def __enter__(self) -> LogSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Backend(Protocol):
     url: str
     # How often a standby polls for a free leader slot.
@@ -121,12 +157,21 @@ class Backend(Protocol):
     def iter_batches(self, session: str, start_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
         """(first lsn, value) of every batch holding lsns >= start_lsn, in lsn order."""
 
+    def read_log(self, session: str, start_lsn: int = 0) -> LogSnapshot:
+        """Every batch holding lsns >= start_lsn, with the compaction note and checkpoint, as
+        of one snapshot of the store (see LogSnapshot)."""
+
     def first_batch(self, session: str) -> tuple[int, bytes] | None: ...
 
     def last_batch(self, session: str) -> tuple[int, bytes] | None: ...
 
     def delete_batches(self, session: str, lo_lsn: int, hi_lsn: int) -> None:
         """Delete the batches whose first lsn lies in [lo_lsn, hi_lsn)."""
+
+    def drop_tail(self, grant: Grant, batches: list[tuple[int, bytes]]) -> None:
+        """Delete exactly these stored batches (first lsn, value), the last of the log, only if
+        `grant` still leads and each is still stored with that value; else raise
+        LeadershipLost or JournalError and delete nothing. For `regent journal repair`."""
 
     def get_compacted(self, session: str) -> bytes | None: ...
 

@@ -20,7 +20,7 @@ from . import codec
 from .backend import Backend, Grant, Incumbent, parse_stored_holder
 from .batching import pack
 from .beacon import Beacon, BeaconWatch, Gone, beacon_enabled
-from .errors import JournalError, JournalUnavailable, LeadershipLost
+from .errors import CorruptRecord, JournalError, JournalUnavailable, LeadershipLost, repair_hint
 
 log = structlog.get_logger("journal.election")
 
@@ -31,7 +31,16 @@ def next_lsn_of(backend: Backend, session: str) -> int:
     last = backend.last_batch(session)
     if last is not None:
         first, value = last
-        nxt = first + codec.batch_count(value, session, first)
+        try:
+            nxt = first + codec.batch_count(value, session, first)
+        except CorruptRecord as exc:
+            # A new leader cannot tell where to write: the session waits for a repair.
+            raise CorruptRecord(
+                session,
+                first,
+                f"the log's last batch is unreadable ({exc.problem})",
+                hint=repair_hint(session),
+            ) from exc
     raw = backend.get_checkpoint(session)
     if raw is not None:
         # Compaction may have removed everything the checkpoint covers.

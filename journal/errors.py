@@ -29,14 +29,23 @@ class LeadershipLost(JournalError):
 class CorruptRecord(JournalError):
     """A stored record failed its checksum, is torn, or is missing from the sequence."""
 
-    def __init__(self, session: str, lsn: int | None, problem: str) -> None:
+    def __init__(
+        self, session: str, lsn: int | None, problem: str, *, hint: str | None = None
+    ) -> None:
         self.session = session
         self.lsn = lsn
         self.problem = problem
         where = f"session {session!r}" if lsn is None else f"session {session!r} lsn {lsn}"
-        super().__init__(
-            f"{where}: {problem} (run `regent journal verify {session}` for a full report)"
-        )
+        hint = hint or f"run `regent journal verify {session}` for a full report"
+        super().__init__(f"{where}: {problem} ({hint})")
+
+
+def repair_hint(session: str) -> str:
+    """What to do about a torn tail: the command that drops it."""
+    return (
+        f"run `regent journal repair {session} --dry-run` to see what it would drop, then "
+        f"`regent journal repair {session}` to drop it"
+    )
 
 
 class RecordTooLarge(JournalError, ValueError):

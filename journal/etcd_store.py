@@ -33,7 +33,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from .backend import Grant, Incumbent, parse_stored_holder, stored_holder
+from .backend import Grant, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
 from .errors import JournalAccessDenied, JournalError, JournalUnavailable, LeadershipLost
 from .etcd_target import ENV_CA, ENV_CERT, ENV_KEY, ENV_PASSWORD, EtcdTarget
@@ -170,6 +170,7 @@ class EtcdStore:
         op_timeout_s: float = 5.0,
         retry_s: float = 10.0,
         connect_timeout_s: float = 2.0,
+        read_page: int | None = None,
     ) -> None:
         if not target.addresses:
             raise ValueError("an etcd journal url needs at least one host:port")
@@ -185,6 +186,8 @@ class EtcdStore:
         self._token_lock = threading.Lock()
         self._token: str | None = None
         self._clients: list[pyetcd.MultiEndpointEtcd3Client] = []
+        # Keys per page of a log read; None sizes pages to a few MiB.
+        self._read_page = read_page
         self._client = self._make_client(op_timeout_s)
         self._keepalive_client: pyetcd.MultiEndpointEtcd3Client | None = None
         self._check_reachable(connect_timeout_s)
@@ -639,16 +642,58 @@ class EtcdStore:
         )
 
     def iter_batches(self, session: str, start_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
+        with self.read_log(session, start_lsn) as snapshot:
+            yield from snapshot
+
+    def read_log(self, session: str, start_lsn: int = 0) -> LogSnapshot:
+        # Every page reads at the revision the compaction note was read at, so a compaction
+        # (or anything else) committed meanwhile is not seen halfway.
+        while True:
+            resp = self._retry(
+                lambda: self._client.get_response(_compacted_key(session)), what="read log"
+            )
+            revision = resp.header.revision
+            compacted = resp.kvs[0].value if resp.kvs else None
+            try:
+                resp = self._retry(
+                    lambda rev=revision: self._client.get_response(
+                        _checkpoint_key(session), revision=rev
+                    ),
+                    what="read log",
+                )
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                continue  # etcd compacted that revision at once: nothing read yet, begin again
+            checkpoint = resp.kvs[0].value if resp.kvs else None
+            snapshot = LogSnapshot(compacted, checkpoint, iter(()))
+            snapshot.batches = self._log_pages(session, start_lsn, revision, snapshot)
+            return snapshot
+
+    def _log_pages(
+        self, session: str, start_lsn: int, revision: int, snapshot: LogSnapshot
+    ) -> Iterator[tuple[int, bytes]]:
         prefix = _log_prefix(session)
         end = prefix_range_end(prefix)
         start_key = log_key(session, start_lsn)
-        # The batch holding start_lsn may begin before it.
-        resp = self._range(prefix, start_key + b"\0", sort_order="descend", limit=1, keys_only=True)
-        from_key = resp.kvs[0].key if resp.kvs else start_key
-        limit = 64
+        from_key: bytes | None = None
+        limit = self._read_page or 64
         cut = len(prefix)
         while True:
-            resp = self._range(from_key, end, limit=limit)
+            try:
+                if from_key is None:
+                    # The batch holding start_lsn may begin before it.
+                    resp = self._range(
+                        prefix, start_key + b"\0", sort_order="descend", limit=1,
+                        keys_only=True, revision=revision,
+                    )
+                    from_key = resp.kvs[0].key if resp.kvs else start_key
+                resp = self._range(from_key, end, limit=limit, revision=revision)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                revision = self._after_revision_compacted(session, revision, snapshot)
+                continue
             size = 0
             for kv in resp.kvs:
                 size += len(kv.value)
@@ -656,9 +701,28 @@ class EtcdStore:
             if not resp.more or not resp.kvs:
                 return
             from_key = resp.kvs[-1].key + b"\0"
-            # Aim for pages of a few MiB whatever the batch size.
-            per_key = max(1, size // len(resp.kvs))
-            limit = max(16, min(4096, (4 << 20) // per_key))
+            if self._read_page is None:
+                # Aim for pages of a few MiB whatever the batch size.
+                per_key = max(1, size // len(resp.kvs))
+                limit = max(16, min(4096, (4 << 20) // per_key))
+
+    def _after_revision_compacted(self, session: str, revision: int, snapshot: LogSnapshot) -> int:
+        """etcd compacted its history past the revision a log read pages at: go on at the
+        current revision if the session's log can only have grown since (the compaction note
+        is the same: journal compaction notes before it deletes), else raise."""
+        resp = self._retry(
+            lambda: self._client.get_response(_compacted_key(session)), what="read log"
+        )
+        note = resp.kvs[0].value if resp.kvs else None
+        if note != snapshot.compacted:
+            raise JournalError(
+                f"session {session!r}: its log was compacted while it was being read, and etcd "
+                f"compacted its own history past revision {revision}, where the read began; "
+                "nothing read is wrong, but the read cannot go on: read it again"
+            )
+        log.info("etcd compacted the revision a log read was at; reading on at the current one",
+                 session=session, revision=revision, now=resp.header.revision)
+        return resp.header.revision
 
     def _edge_batch(self, session: str, order: str) -> tuple[int, bytes] | None:
         prefix = _log_prefix(session)
@@ -678,6 +742,48 @@ class EtcdStore:
         start, end = log_key(session, lo_lsn), log_key(session, hi_lsn)
         t = self._client.transactions
         self._retry(lambda: self._txn([], [t.delete(start, end)], []), what="compact")
+
+    def drop_tail(self, grant: Grant, batches: list[tuple[int, bytes]]) -> None:
+        if not batches:
+            return
+        t = self._client.transactions
+        prefix = _log_prefix(grant.session)
+        first_key = log_key(grant.session, batches[0][0])
+        # The exact values, read with their revisions: the delete compares each revision, so
+        # a batch that changed since it was inspected is never dropped.
+        resp = self._range(first_key, prefix_range_end(prefix))
+        stored = {kv.key: kv for kv in resp.kvs}
+        keys = [log_key(grant.session, first) for first, _ in batches]
+        for key, (first, value) in zip(keys, batches, strict=True):
+            kv = stored.get(key)
+            if kv is None or kv.value != value:
+                raise JournalError(
+                    f"repair of session {grant.session!r} refused: the batch at lsn {first} "
+                    "changed while it was inspected; nothing was dropped, run it again"
+                )
+        extra = sorted(set(stored) - set(keys))
+        if extra:
+            raise JournalError(
+                f"repair of session {grant.session!r} refused: a batch at lsn "
+                f"{int(extra[0][len(prefix):], 16)} follows what was inspected as the tail; "
+                "nothing was dropped, run it again"
+            )
+        compare = [*self._fence(grant), *(t.mod(key) == stored[key].mod_revision for key in keys)]
+        ok, responses = self._retry(
+            lambda: self._txn(
+                compare, [t.delete(key) for key in keys], [t.get(_leader_key(grant.session))]
+            ),
+            what="repair",
+        )
+        if ok:
+            return
+        leader_kvs = responses[0]
+        if leader_kvs and leader_kvs[0][1].create_revision == grant.epoch:
+            raise JournalError(
+                f"repair of session {grant.session!r} refused: a batch of the tail changed "
+                "while it was inspected; nothing was dropped, run it again"
+            )
+        raise self._lost(grant, leader_kvs, "repair")
 
     def get_compacted(self, session: str) -> bytes | None:
         value, _ = self._retry(

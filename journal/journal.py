@@ -6,6 +6,7 @@ Backend-neutral: everything here runs unchanged over etcd and SQLite.
 from __future__ import annotations
 
 import os
+import socket
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,8 +17,9 @@ import structlog
 from . import codec
 from .backend import Backend
 from .election import Leadership, campaign
-from .errors import CorruptRecord
+from .errors import CorruptRecord, repair_hint
 from .records import Record, SessionInfo, VerifyReport
+from .repair import RepairPlan, plan_repair
 from .verify import verify_batches
 
 log = structlog.get_logger("journal")
@@ -71,6 +73,29 @@ def open_journal(url: str | None = None) -> Journal:
     raise ValueError(f"unknown journal url {redact(url)!r}: use {USAGE} or sqlite:///abs/path.db")
 
 
+def _torn_tail_or(
+    exc: CorruptRecord, session: str, rest: Iterator[tuple[int, bytes]]
+) -> CorruptRecord:
+    """The error for a batch that failed to decode: one naming `regent journal repair` when
+    it starts a torn tail (no batch after it decodes), else `exc` as it was."""
+    for first, value in rest:
+        try:
+            codec.decode_batch(value, session, first)
+        except CorruptRecord:
+            continue
+        return exc
+    return CorruptRecord(
+        session, exc.lsn, f"{exc.problem}; the log ends in this torn batch", hint=repair_hint(session)
+    )
+
+
+def _led_by(current: tuple[str, int], session: str) -> str:
+    return (
+        f"{current[0]!r} leads it (epoch {current[1]}); stop that controller, or wait for its "
+        "lease to run out, then run repair again"
+    )
+
+
 class Journal:
     """A journal store holding many sessions."""
 
@@ -116,24 +141,36 @@ class Journal:
     def read(self, session: str, start_lsn: int = 0) -> Iterator[Record]:
         """Yield the session's records from `start_lsn` on, checksums verified.
 
+        The records, and the compaction note that explains their gaps, come from one
+        snapshot of the store: a compaction running meanwhile is seen entirely or not at all.
         Raises CorruptRecord naming the lsn on a checksum failure, a torn record, or a gap
-        that no compaction accounts for.
+        that no compaction accounts for; on a torn tail it names `regent journal repair`.
         """
         _check_session(session)
-        ranges = self._compacted(session)
         expected = start_lsn
         decode = codec.decode_batch
-        for first, value in self._backend.iter_batches(session, start_lsn):
-            records = decode(value, session, first)
-            if first > expected and not codec.covered(ranges, expected, first):
-                raise CorruptRecord(session, expected, f"gap: lsn {expected}..{first - 1} missing")
-            if first < start_lsn:
-                records = records[start_lsn - first :]
-            elif first < expected:
-                raise CorruptRecord(session, first, f"lsn {first}..{expected - 1} stored twice")
-            if records:
-                expected = records[-1].lsn + 1
-            yield from records
+        with self._backend.read_log(session, start_lsn) as snapshot:
+            ranges: list[tuple[int, int]] | None = None
+            batches = iter(snapshot)
+            for first, value in batches:
+                try:
+                    records = decode(value, session, first)
+                except CorruptRecord as exc:
+                    raise _torn_tail_or(exc, session, batches) from exc.__cause__
+                if first > expected:
+                    if ranges is None:
+                        ranges = codec.merge_ranges(codec.decode_ranges(snapshot.compacted))
+                    if not codec.covered(ranges, expected, first):
+                        raise CorruptRecord(
+                            session, expected, f"gap: lsn {expected}..{first - 1} missing"
+                        )
+                if first < start_lsn:
+                    records = records[start_lsn - first :]
+                elif first < expected:
+                    raise CorruptRecord(session, first, f"lsn {first}..{expected - 1} stored twice")
+                if records:
+                    expected = records[-1].lsn + 1
+                yield from records
 
     def read_checkpoint(self, session: str) -> dict[str, Any] | None:
         """The latest checkpoint as {"lsn", "epoch", "ts", "data"}, or None.
@@ -206,36 +243,39 @@ class Journal:
     def verify(self, session: str) -> VerifyReport:
         """Check checksums, lsn contiguity and epoch order of a whole session."""
         _check_session(session)
-        return verify_batches(
-            session,
-            self._backend.iter_batches(session, 0),
-            compacted=self._compacted(session),
-            checkpoint=self._backend.get_checkpoint(session),
-        )
+        with self._backend.read_log(session, 0) as snapshot:
+            return verify_batches(
+                session,
+                snapshot,
+                compacted=codec.merge_ranges(codec.decode_ranges(snapshot.compacted)),
+                checkpoint=snapshot.checkpoint,
+            )
 
     def compact(self, session: str, keep_before_lsn: int | None = None) -> int:
         """Delete records covered by the checkpoint, keeping those below `keep_before_lsn`.
 
         Only whole stored batches are removed, so a few covered records may stay. The removed
-        range is noted so that `verify` accepts the gap. Returns the number removed.
+        range is noted so that `verify` accepts the gap. Returns the number removed. Safe
+        beside a live leader and a takeover: every read of the log is one snapshot.
         """
         _check_session(session)
-        raw = self._backend.get_checkpoint(session)
-        if raw is None:
-            return 0
-        ckpt_lsn = int(codec.decode_checkpoint(raw, session)["lsn"])
-        keep = keep_before_lsn or 0
-        lo = hi = None
-        removed = 0
-        for first, value in self._backend.iter_batches(session, keep):
-            if first < keep:
-                continue
-            end = first + codec.batch_count(value, session, first)
-            if end > ckpt_lsn:
-                break
-            lo = first if lo is None else lo
-            hi = end
-            removed += end - first
+        with self._backend.read_log(session, keep_before_lsn or 0) as snapshot:
+            raw = snapshot.checkpoint
+            if raw is None:
+                return 0
+            ckpt_lsn = int(codec.decode_checkpoint(raw, session)["lsn"])
+            keep = keep_before_lsn or 0
+            lo = hi = None
+            removed = 0
+            for first, value in snapshot:
+                if first < keep:
+                    continue
+                end = first + codec.batch_count(value, session, first)
+                if end > ckpt_lsn:
+                    break
+                lo = first if lo is None else lo
+                hi = end
+                removed += end - first
         if lo is None or hi is None:
             return 0
         # Note first, delete second: a crash in between leaves records inside a noted range,
@@ -245,6 +285,53 @@ class Journal:
         self._backend.delete_batches(session, lo, hi)
         log.info("compacted", session=session, lsns=f"{lo}..{hi - 1}", records=removed)
         return removed
+
+    def repair(self, session: str, *, dry_run: bool = False, ttl_s: float = 10.0) -> RepairPlan:
+        """Drop the session's torn tail (see journal/repair.py for the exact rule).
+
+        Refused (nothing dropped, `plan.refused` says why) while a live leader holds the
+        session, or when the log holds damage other than a torn tail. Otherwise it leads the
+        session for the moment it takes, deletes exactly the inspected batches under that
+        lease, and resigns. `dry_run` reports what it would drop and changes nothing.
+        """
+        _check_session(session)
+        backend = self._backend
+        if dry_run:
+            plan = self._plan_repair(session)
+            current = backend.leader(session)
+            if plan.ok and current is not None:
+                plan.refused = _led_by(current, session)
+            return plan
+        holder = f"regent-journal-repair:{socket.gethostname()}:{os.getpid()}"
+        grant = backend.try_acquire(session, holder, ttl_s)
+        if grant is None:
+            current = backend.leader(session)
+            return RepairPlan(
+                session, refused=_led_by(current, session) if current else "its leader changed "
+                "while repair started; run it again"
+            )
+        try:
+            plan = self._plan_repair(session)
+            if plan.ok:
+                backend.drop_tail(grant, [(b.first_lsn, b.value) for b in plan.tail])
+                log.warning(
+                    "dropped a torn tail",
+                    session=session,
+                    batches=[b.describe() for b in plan.tail],
+                    epoch=grant.epoch,
+                )
+        finally:
+            backend.release(grant)
+        return plan
+
+    def _plan_repair(self, session: str) -> RepairPlan:
+        with self._backend.read_log(session, 0) as snapshot:
+            return plan_repair(
+                session,
+                snapshot,
+                compacted=codec.merge_ranges(codec.decode_ranges(snapshot.compacted)),
+                checkpoint=snapshot.checkpoint,
+            )
 
     def delete_session(self, session: str) -> None:
         """Remove every trace of a session except its epoch history (tests and tools)."""

@@ -3,6 +3,11 @@
 Leadership is a row with an expiry time refreshed by the leader's keepalive; the epoch is a
 per-session counter that only grows. Every write checks the leader row inside the same
 `BEGIN IMMEDIATE` transaction, which is what fences a deposed leader.
+
+Lease expiry is judged on CLOCK_MONOTONIC (`time.monotonic()` on Linux), which every process
+on the machine reads alike and which wall-clock steps do not move; the row names the boot it
+was written in, since that clock restarts at each boot. A row without one (written by a
+version before these leases) is judged on the wall clock, as that version judged it.
 """
 
 from __future__ import annotations
@@ -11,14 +16,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import structlog
 import tenacity
 
-from .backend import Grant, Incumbent, parse_stored_holder, stored_holder
+from .backend import Grant, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
 from .errors import JournalError, JournalUnavailable, LeadershipLost
 
@@ -27,7 +32,7 @@ log = structlog.get_logger("journal.sqlite")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leader (
     session TEXT PRIMARY KEY, holder TEXT NOT NULL, epoch INTEGER NOT NULL,
-    expires_at REAL NOT NULL);
+    expires_at REAL NOT NULL, mono_expires_at REAL, clock TEXT);
 CREATE TABLE IF NOT EXISTS epochs (session TEXT PRIMARY KEY, last_epoch INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS log (
     session TEXT NOT NULL, first_lsn INTEGER NOT NULL, body BLOB NOT NULL,
@@ -36,7 +41,22 @@ CREATE TABLE IF NOT EXISTS checkpoint (session TEXT PRIMARY KEY, body BLOB NOT N
 CREATE TABLE IF NOT EXISTS compacted (session TEXT PRIMARY KEY, body BLOB NOT NULL);
 """
 
+# Columns added to `leader` since the first version: the monotonic expiry and its clock.
+# expires_at stays a wall-clock expiry, maintained for processes of older versions.
+_LEASE_COLUMNS = (("mono_expires_at", "REAL"), ("clock", "TEXT"))
+
 _PAGE = 512
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def monotonic_clock_id() -> str | None:
+    """Names this boot's CLOCK_MONOTONIC, which restarts at each boot; None where the kernel
+    gives no boot id (not Linux): leases then fall back to the wall clock."""
+    try:
+        boot = _BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+    return f"monotonic:{boot}" if boot else None
 
 
 def _locked(exc: BaseException) -> bool:
@@ -48,8 +68,14 @@ class SqliteStore:
 
     poll_interval_s = 0.02
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout_s: float = 10.0, read_page: int = _PAGE
+    ) -> None:
+        if read_page < 1:
+            raise ValueError(f"read_page must be at least 1, got {read_page}")
         self.path = Path(path)
+        self._page = read_page
+        self._clock = monotonic_clock_id()
         self.url = f"sqlite://{self.path}"
         self._busy_ms = int(busy_timeout_s * 1000)
         self._local = threading.local()
@@ -68,6 +94,7 @@ class SqliteStore:
             ):
                 with attempt:
                     self._conn().executescript(_SCHEMA)
+                    self._add_lease_columns()
         except (OSError, sqlite3.Error) as exc:
             raise JournalUnavailable(
                 f"cannot open the SQLite journal at {self.path}: {exc} "
@@ -75,12 +102,21 @@ class SqliteStore:
                 "journal url such as sqlite:///tmp/regent.db)"
             ) from exc
 
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        if self._closed:
-            raise JournalError(f"journal {self.url} is closed")
+    def _add_lease_columns(self) -> None:
+        """Bring a file written by an older version up to the current leader table; its rows
+        keep a NULL clock and are judged on the wall clock until their holder goes."""
+        conn = self._conn()
+        have = {row[1] for row in conn.execute("PRAGMA table_info(leader)")}
+        if all(name in have for name, _ in _LEASE_COLUMNS):
+            return
+        with self._write() as conn:
+            have = {row[1] for row in conn.execute("PRAGMA table_info(leader)")}
+            for name, kind in _LEASE_COLUMNS:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE leader ADD COLUMN {name} {kind}")
+        log.info("added monotonic lease columns to an older journal file", path=str(self.path))
+
+    def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
@@ -94,6 +130,15 @@ class SqliteStore:
         except sqlite3.Error:
             conn.close()
             raise
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise JournalError(f"journal {self.url} is closed")
+        conn = self._open()
         self._local.conn = conn
         with self._lock:
             self._all.append(conn)
@@ -118,20 +163,54 @@ class SqliteStore:
 
     # leadership
 
+    def _live(self, wall_expiry: float, mono_expiry: float | None, clock: str | None) -> bool:
+        """Whether a leader row's lease still runs, on the clock it was written with."""
+        if clock is None:
+            # Written by a version before monotonic leases (or where there is no boot id).
+            return wall_expiry > time.time()
+        if clock != self._clock or mono_expiry is None:
+            # Another boot's clock: the machine restarted since, and no process of that boot
+            # still runs. (One file shared by two machines is outside SQLite's scope.)
+            return False
+        return mono_expiry > time.monotonic()
+
+    def _expiries(self, ttl_s: float) -> tuple[float, float | None]:
+        """(wall-clock expiry, monotonic expiry or None) of a lease granted or renewed now."""
+        return time.time() + ttl_s, (None if self._clock is None else time.monotonic() + ttl_s)
+
+    def _renew(self, conn: sqlite3.Connection, grant: Grant) -> bool:
+        """Extend `grant`'s lease if it is still ours and still runs; the fence of every write."""
+        wall, mono = self._expiries(grant.ttl_s)
+        if self._clock is None:
+            live, args = "clock IS NULL AND expires_at > ?", (time.time(),)
+        else:
+            live, args = "clock = ? AND mono_expires_at > ?", (self._clock, time.monotonic())
+        cur = conn.execute(
+            "UPDATE leader SET expires_at = ?, mono_expires_at = ? WHERE session = ? "
+            f"AND holder = ? AND epoch = ? AND {live}",
+            (wall, mono, grant.session, grant.stored_holder, grant.epoch, *args),
+        )
+        return cur.rowcount == 1
+
+    def _leader_row(self, conn: sqlite3.Connection, session: str) -> tuple | None:
+        """(holder, epoch, live) of the session's leader row, or None."""
+        row = conn.execute(
+            "SELECT holder, epoch, expires_at, mono_expires_at, clock FROM leader "
+            "WHERE session = ?",
+            (session,),
+        ).fetchone()
+        return None if row is None else (row[0], row[1], self._live(row[2], row[3], row[4]))
+
     def try_acquire(
         self, session: str, holder: str, ttl_s: float, *, beacon: str | None = None
     ) -> Grant | None:
-        conn = self._conn()
-        row = conn.execute("SELECT expires_at FROM leader WHERE session = ?", (session,)).fetchone()
-        if row is not None and row[0] > time.time():
+        row = self._leader_row(self._conn(), session)
+        if row is not None and row[2]:
             return None
         requested_at = time.monotonic()
         with self._write() as conn:
-            now = time.time()
-            row = conn.execute(
-                "SELECT expires_at FROM leader WHERE session = ?", (session,)
-            ).fetchone()
-            if row is not None and row[0] > now:
+            row = self._leader_row(conn, session)
+            if row is not None and row[2]:
                 return None
             last = conn.execute(
                 "SELECT last_epoch FROM epochs WHERE session = ?", (session,)
@@ -142,22 +221,18 @@ class SqliteStore:
                 "ON CONFLICT (session) DO UPDATE SET last_epoch = excluded.last_epoch",
                 (session, epoch),
             )
+            wall, mono = self._expiries(ttl_s)
             conn.execute(
-                "INSERT OR REPLACE INTO leader (session, holder, epoch, expires_at) "
-                "VALUES (?, ?, ?, ?)",
-                (session, stored_holder(holder, beacon), epoch, now + ttl_s),
+                "INSERT OR REPLACE INTO leader "
+                "(session, holder, epoch, expires_at, mono_expires_at, clock) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (session, stored_holder(holder, beacon), epoch, wall, mono, self._clock),
             )
         return Grant(session, holder, epoch, epoch, ttl_s, requested_at, beacon)
 
     def refresh(self, grant: Grant) -> bool:
         with self._write() as conn:
-            now = time.time()
-            cur = conn.execute(
-                "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? "
-                "AND epoch = ? AND expires_at > ?",
-                (now + grant.ttl_s, grant.session, grant.stored_holder, grant.epoch, now),
-            )
-            return cur.rowcount == 1
+            return self._renew(conn, grant)
 
     def release(self, grant: Grant, *, within_s: float = 3.0) -> None:
         with self._write() as conn:
@@ -167,12 +242,8 @@ class SqliteStore:
             )
 
     def incumbent(self, session: str) -> Incumbent | None:
-        row = (
-            self._conn()
-            .execute("SELECT holder, epoch, expires_at FROM leader WHERE session = ?", (session,))
-            .fetchone()
-        )
-        if row is None or row[2] <= time.time():
+        row = self._leader_row(self._conn(), session)
+        if row is None or not row[2]:
             return None
         return Incumbent.from_stored(row[0], row[1])
 
@@ -189,17 +260,10 @@ class SqliteStore:
             return cur.rowcount == 1
 
     def _check_leader(self, conn: sqlite3.Connection, grant: Grant, what: str) -> None:
-        row = conn.execute(
-            "SELECT holder, epoch, expires_at FROM leader WHERE session = ?", (grant.session,)
-        ).fetchone()
-        now = time.time()
-        if (
-            row is not None
-            and (row[0], row[1]) == (grant.stored_holder, grant.epoch)
-            and row[2] > now
-        ):
+        row = self._leader_row(conn, grant.session)
+        if row is not None and (row[0], row[1]) == (grant.stored_holder, grant.epoch) and row[2]:
             return
-        if row is None or row[2] <= now:
+        if row is None or not row[2]:
             now_held = "nobody holds it now"
         else:
             now_held = f"{parse_stored_holder(row[0])[0]!r} holds it in epoch {row[1]}"
@@ -218,13 +282,7 @@ class SqliteStore:
         with self._write() as conn:
             # The fence and the lease renewal in one statement: only a live lease of ours
             # matches (the SELECT that explains a refusal runs only then).
-            now = time.time()
-            renewed = conn.execute(
-                "UPDATE leader SET expires_at = ? WHERE session = ? AND holder = ? AND epoch = ?"
-                " AND expires_at > ?",
-                (now + grant.ttl_s, grant.session, grant.stored_holder, grant.epoch, now),
-            ).rowcount
-            if renewed != 1:
+            if not self._renew(conn, grant):
                 self._check_leader(conn, grant, "append")
             for batch in batches:
                 try:
@@ -260,7 +318,11 @@ class SqliteStore:
         return None if row is None else bytes(row[0])
 
     def iter_batches(self, session: str, start_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
-        conn = self._conn()
+        return self._pages(self._conn(), session, start_lsn)
+
+    def _pages(
+        self, conn: sqlite3.Connection, session: str, start_lsn: int
+    ) -> Iterator[tuple[int, bytes]]:
         row = conn.execute(
             "SELECT MAX(first_lsn) FROM log WHERE session = ? AND first_lsn <= ?",
             (session, start_lsn),
@@ -270,12 +332,50 @@ class SqliteStore:
             rows = conn.execute(
                 "SELECT first_lsn, body FROM log WHERE session = ? AND first_lsn >= ? "
                 "ORDER BY first_lsn LIMIT ?",
-                (session, cursor_lsn, _PAGE),
+                (session, cursor_lsn, self._page),
             ).fetchall()
             yield from rows
-            if len(rows) < _PAGE:
+            if len(rows) < self._page:
                 return
             cursor_lsn = rows[-1][0] + 1
+
+    def read_log(self, session: str, start_lsn: int = 0) -> LogSnapshot:
+        # A connection of its own, in one read transaction: in WAL mode every page then reads
+        # the snapshot the first SELECT saw, whatever commits meanwhile, and the thread's own
+        # connection stays free for writes while the read is under way.
+        if self._closed:
+            raise JournalError(f"journal {self.url} is closed")
+        conn = self._open()
+        try:
+            conn.execute("BEGIN")
+            row = conn.execute(
+                "SELECT body FROM compacted WHERE session = ?", (session,)
+            ).fetchone()
+            compacted = None if row is None else bytes(row[0])
+            row = conn.execute(
+                "SELECT body FROM checkpoint WHERE session = ?", (session,)
+            ).fetchone()
+            checkpoint = None if row is None else bytes(row[0])
+        except BaseException:
+            conn.close()
+            raise
+
+        def end() -> None:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            conn.close()
+
+        def batches() -> Iterator[tuple[int, bytes]]:
+            try:
+                for first, body in self._pages(conn, session, start_lsn):
+                    yield first, bytes(body)
+            finally:
+                snapshot.close()
+
+        snapshot = LogSnapshot(compacted, checkpoint, batches(), end)
+        return snapshot
 
     def first_batch(self, session: str) -> tuple[int, bytes] | None:
         row = (
@@ -305,6 +405,31 @@ class SqliteStore:
                 "DELETE FROM log WHERE session = ? AND first_lsn >= ? AND first_lsn < ?",
                 (session, lo_lsn, hi_lsn),
             )
+
+    def drop_tail(self, grant: Grant, batches: Sequence[tuple[int, bytes]]) -> None:
+        if not batches:
+            return
+        with self._write() as conn:
+            self._check_leader(conn, grant, "repair")
+            for first, value in batches:
+                gone = conn.execute(
+                    "DELETE FROM log WHERE session = ? AND first_lsn = ? AND body = ?",
+                    (grant.session, first, value),
+                ).rowcount
+                if gone != 1:
+                    raise JournalError(
+                        f"repair of session {grant.session!r} refused: the batch at lsn {first} "
+                        "changed while it was inspected; nothing was dropped, run it again"
+                    )
+            after = conn.execute(
+                "SELECT first_lsn FROM log WHERE session = ? AND first_lsn > ? LIMIT 1",
+                (grant.session, batches[-1][0]),
+            ).fetchone()
+            if after is not None:
+                raise JournalError(
+                    f"repair of session {grant.session!r} refused: a batch at lsn {after[0]} "
+                    "follows what was inspected as the tail; nothing was dropped, run it again"
+                )
 
     def get_compacted(self, session: str) -> bytes | None:
         row = (
