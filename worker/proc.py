@@ -36,7 +36,7 @@ from worker import _wire as wire
 from worker._wire import Kind
 from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
 from worker.classref import load_class
-from worker.dedupe import DedupeCache
+from worker.dedupe import CallIdentity, DedupeCache
 from worker.errors import ActorExit, DivergenceError, ProtocolError
 from worker.fencing import EpochFence
 from worker.host import ensure_local_host
@@ -362,14 +362,16 @@ class ProcRuntime:
 
     # --- calls -------------------------------------------------------------------
 
-    def _admit(self, meta: dict, rt: str | None) -> tuple[str, int, int] | None:
-        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point) to run."""
+    def _admit(self, kind: Kind, meta: dict, rt: str | None) -> tuple[str, int, int, str] | None:
+        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point, method)
+        to run. A message reusing an id for anything else is refused by the cache."""
         seq = wire.require(meta, "s", int)
         actor = wire.require(meta, "a", str)
         point = wire.require(meta, "pt", int)
-        digest = wire.require(meta, "d", bytes)
+        method = wire.require(meta, "m", str)
+        identity = CallIdentity(kind, method, point, wire.require(meta, "d", bytes))
         try:
-            verdict, cached = self.dedupe.admit(seq, actor, digest, rt)
+            verdict, cached = self.dedupe.admit(seq, actor, identity, rt)
         except DivergenceError as e:
             if rt:
                 self._reply(rt, Kind.RESULT, self._result_meta(seq, actor, point, "divergence", em=str(e)))
@@ -380,14 +382,13 @@ class ProcRuntime:
             return None
         if verdict == "joined":
             return None
-        return actor, seq, point
+        return actor, seq, point, method
 
     def _on_call(self, meta: dict, payload: list, rt: str | None) -> None:
-        admitted = self._admit(meta, rt)
+        admitted = self._admit(Kind.CALL, meta, rt)
         if admitted is None:
             return
-        actor, seq, point = admitted
-        method = wire.require(meta, "m", str)
+        actor, seq, point, method = admitted
         slot = self.actors.get(actor)
         if slot is None:
             self._finish(seq, actor, point, "noactor", em=f"no actor {actor!r} on proc {self.proc_id}")
@@ -500,10 +501,10 @@ class ProcRuntime:
         if meta.get("restart"):
             self._on_restart(meta, payload, rt)
             return
-        admitted = self._admit(meta, rt)
+        admitted = self._admit(Kind.SPAWN, meta, rt)
         if admitted is None:
             return
-        actor, seq, point = admitted
+        actor, seq, point, _ = admitted
         coords = meta.get("co") or {}
         ctx = ActorContext(mesh=actor, rank=point, point=dict(coords), proc_index=self.index,
                            incarnation=int(meta.get("inc", 0)))
@@ -557,10 +558,10 @@ class ProcRuntime:
                                           "n": n, "pid": os.getpid(), "inc": inc})
 
     def _on_stop(self, meta: dict, rt: str | None) -> None:
-        admitted = self._admit(meta, rt)
+        admitted = self._admit(Kind.STOP, meta, rt)
         if admitted is None:
             return
-        actor, seq, point = admitted
+        actor, seq, point, _ = admitted
         slot = self.actors.pop(actor, None)
         if slot is not None:
             self._cleanup(slot)
