@@ -85,7 +85,7 @@ class ProcRuntime:
     request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
 
     def __init__(self, session: str, index: int, proc_id: str, host_inbox: str, bind_host: str,
-                 host_pid: int | None = None, origin: dict | None = None):
+                 host_pid: int | None = None, origin: dict | None = None, epoch: int = 0):
         self.session = session
         self.index = index
         self.proc_id = proc_id
@@ -103,7 +103,7 @@ class ProcRuntime:
         self.inbox = Inbox(self.ctx, self.creds, bind_host)
         self.outbox = Outbox(self.ctx, self.creds)
         self.host_inbox = host_inbox
-        self.fence = EpochFence()
+        self.fence = EpochFence(epoch)  # what its session had seen when this proc started
         self.dedupe = DedupeCache()
         self.actors: dict[str, _Slot] = {}
         self.pending: dict[str, collections.deque] = {}
@@ -202,7 +202,7 @@ class ProcRuntime:
         n = next(self._ack_ids)
         ack = self._acks[n] = self.loop.create_future()
         meta = {"sid": self.session, "id": self.proc_id, "idx": self.index, "pid": os.getpid(),
-                "addr": self.inbox.address, "n": n, **self.origin}
+                "addr": self.inbox.address, "n": n, "e": self.fence.epoch, **self.origin}
         try:
             self._send(address, wire.encode(Kind.PROC_ADOPT, meta))
             try:
@@ -212,6 +212,9 @@ class ProcRuntime:
                                    f"{ADOPT_ACK_TIMEOUT_S:g} s (see its log in $REGENT_HOME/host.log)") from None
         finally:
             self._acks.pop(n, None)
+        seen = reply.get("e")  # the new agent's fence for this session: never below our own
+        if isinstance(seen, int) and not isinstance(seen, bool) and seen > self.fence.epoch:
+            self.fence.admit(seen)
         if reply.get("st") == "stopped":
             log.info("the session was stopped while this proc had no host agent; stopping",
                      proc=self.proc_id)
@@ -655,7 +658,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spawn-seq", type=int, default=None, help="call id of the spawn_procs that started it")
     p.add_argument("--spawn-size", type=int, default=None)
     p.add_argument("--spawn-pos", type=int, default=None)
+    p.add_argument("--spawn-digest", default=None, help="the controller's digest of that spawn_procs (hex)")
     p.add_argument("--replaces", default=None, help="id of the proc this one was started to replace")
+    p.add_argument("--epoch", type=int, default=0, help="the highest epoch its session had seen at the agent")
     a = p.parse_args(argv)
     from worker.logsetup import configure_logging
 
@@ -667,7 +672,9 @@ def main(argv: list[str] | None = None) -> None:
         origin["old"] = a.replaces
     elif None not in (a.spawn_seq, a.spawn_size, a.spawn_pos):
         origin.update(s=a.spawn_seq, size=a.spawn_size, pos=a.spawn_pos)
-    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin).run()
+        if a.spawn_digest is not None:
+            origin["d"] = bytes.fromhex(a.spawn_digest)
+    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch).run()
     sys.exit(0)
 
 
