@@ -42,8 +42,9 @@ class FenceStore:
     leader), and before the message that raised it is acted on. What is read back is
     validated: a file that is not ours, or not one of these, counts as no fence."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, kept: int = FENCES_KEPT) -> None:
         self.directory = directory
+        self.kept = kept
 
     def _path(self, sid: str) -> Path:
         # Session ids come from the network: the name is a hash, never the id itself.
@@ -73,7 +74,7 @@ class FenceStore:
     def save(self, sid: str, epoch: int, keep: frozenset[str] | set[str] = frozenset()) -> None:
         """Record `epoch` for `sid`. Raises OSError when it cannot (the caller decides what
         to refuse then). A new session's file may prune the oldest of other sessions'
-        beyond FENCES_KEPT, never those of sessions in `keep`."""
+        beyond `kept`, never those of sessions in `keep`."""
         path = self._path(sid)
         fresh = not path.exists()
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -94,6 +95,6 @@ class FenceStore:
             files = [(p.stat().st_mtime, p) for p in self.directory.glob("*.fence") if p.name not in keep]
         except OSError:
             return  # a file went away while we looked: prune next time
-        excess = len(files) + len(keep) - FENCES_KEPT
+        excess = len(files) + len(keep) - self.kept
         for _, p in sorted(files)[:max(0, excess)]:
             p.unlink(missing_ok=True)
