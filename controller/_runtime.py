@@ -162,6 +162,10 @@ class Runtime:
             from worker.errors import FencedError
 
             raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")
+        if reply.get("st") == "divergence":
+            from worker.errors import DivergenceError
+
+            raise DivergenceError(f"host agent at {host} refused {op!r}: {reply.get('em')}")
         return reply
 
     def register_host(self, host: str) -> None:

@@ -738,7 +738,7 @@ class Session:
             envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim, **tuning} for i in range(count)]
             for host in hosts:
                 reply = self.runtime.host_request(
-                    host, "spawn_procs", s=seq, count=count, envs=envs, path=_sys_path())
+                    host, "spawn_procs", s=seq, count=count, envs=envs, path=_sys_path(), d=digest)
                 if reply.get("st") != "ok":
                     raise SupervisionError(f"host agent at {host} could not spawn procs: {reply.get('em')}")
                 listing += [{**p, "host": host, "env": envs[k]} for k, p in enumerate(reply["procs"])]

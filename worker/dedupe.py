@@ -8,8 +8,9 @@ watermark says no replay can need them. Pure bookkeeping: no sockets, no threads
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from worker._wire import Kind
 from worker.errors import DivergenceError
 
 # Results larger than this are kept until the checkpoint watermark, smaller ones
@@ -17,9 +18,24 @@ from worker.errors import DivergenceError
 LARGE_RESULT_BYTES = 64 * 1024
 
 
+class CallIdentity(NamedTuple):
+    """What a call id stands for at one actor: a message carrying the same id must carry all
+    of it, or it is another call (DESIGN invariant 2). The epoch is not part of it: a new
+    leader resends the same call under a higher one."""
+
+    kind: Kind  # CALL, SPAWN or STOP
+    method: str  # the endpoint ("__init__" for a spawn, "__stop__" for a stop)
+    point: int  # the actor's rank in its mesh
+    digest: bytes  # of the arguments
+
+    def describe(self) -> str:
+        return (f"{self.kind.name} {self.method[:100]!r} at point {self.point} with argument digest "
+                f"{self.digest.hex()}")
+
+
 @dataclass(slots=True)
 class _Entry:
-    digest: bytes
+    identity: CallIdentity
     waiters: list = field(default_factory=list)  # reply-to targets while in flight
     result: Any = None  # (meta, frames) once done
     size: int = 0
@@ -39,12 +55,13 @@ class DedupeCache:
         self.checkpoint_seq = -1  # results at or below may go whatever their size
         self.hits = 0
 
-    def admit(self, seq: int, actor: str, digest: bytes, reply_to: Any) -> tuple[str, Any]:
+    def admit(self, seq: int, actor: str, identity: CallIdentity, reply_to: Any) -> tuple[str, Any]:
         """Decide what to do with an incoming call.
 
         Returns ("run", None) for a new call, ("cached", result) for a finished one,
         ("joined", None) when the caller was added to the waiters of one in flight.
-        Raises DivergenceError for the same id with other arguments.
+        Raises DivergenceError for the same id with any other part of its identity
+        (kind, endpoint, point, arguments), finished or in flight alike.
         """
         key = (seq, actor)
         entry = self._entries.get(key)
@@ -55,17 +72,17 @@ class DedupeCache:
                     f"{max(self.durable_seq, self.checkpoint_seq)}: its result was already "
                     "released, so it is not run again; answer it from the journal"
                 )
-            self._entries[key] = _Entry(digest, [reply_to])
+            self._entries[key] = _Entry(identity, [reply_to])
             if seq < self._last_seq:
                 self._ordered = False  # e.g. a new leader resending older calls
             else:
                 self._last_seq = seq
             return "run", None
-        if entry.digest != digest:
+        if entry.identity != identity:
             raise DivergenceError(
-                f"call seq {seq} to {actor} was first sent with argument digest "
-                f"{entry.digest.hex()} and now with {digest.hex()}: the controller program is "
-                "not deterministic (or two controllers disagree); it was not run again"
+                f"call seq {seq} to {actor} was first sent as {entry.identity.describe()} and now as "
+                f"{identity.describe()}: the controller program is not deterministic (or two "
+                "controllers disagree); it was not run again"
             )
         self.hits += 1
         if entry.done:

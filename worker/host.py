@@ -7,7 +7,9 @@ its children, never the controller's, so they outlive a controller crash.
 
 The agent can die too. Its procs then start a new one, which binds the dead agent's
 address and adopts them (PROC_ADOPT): from then on it watches, reports and stops them
-as its own, OTP-style. It keeps no state on disk; what it knows comes from its procs.
+as its own, OTP-style. What it knows comes from its procs, except each session's epoch
+fence, which it also keeps on disk ($REGENT_HOME/fences): a successor refuses a deposed
+controller from its first message, before any proc has adopted it (DESIGN invariant 9).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 import zmq
@@ -31,7 +34,7 @@ import zmq
 from worker import _wire as wire
 from worker._wire import Kind
 from worker.errors import ProtocolError
-from worker.fencing import EpochFence
+from worker.fencing import EpochFence, FenceStore
 from worker.security import load_credentials, regent_home, stop_authenticator
 from worker.transport import Inbox, Outbox, valid_address
 
@@ -80,10 +83,28 @@ class _Proc:
         return "unknown (adopted)" if self.adopted else str(self.exit_status)
 
 
+class _RequestIdentity(NamedTuple):
+    """What a spawn_procs call id, or the proc a respawn_proc replaces, stands for: the same
+    key sent again with anything else is another request, refused as a divergence. Only
+    what a restarted agent learns again from the procs it adopts belongs here."""
+
+    op: str
+    size: int  # procs asked for
+    index: int  # of the proc a respawn_proc replaces; -1 for spawn_procs
+    digest: bytes | None  # the controller's digest of a spawn_procs call (None: it sent none)
+
+    def describe(self) -> str:
+        if self.op == "respawn_proc":
+            return f"respawn_proc at index {self.index}"
+        digest = "no digest" if self.digest is None else f"digest {self.digest.hex()}"
+        return f"spawn_procs of {self.size} procs with {digest}"
+
+
 @dataclass
 class _SpawnRequest:
     sid: str
     seq: int  # the controller's call id; -1 for a respawn
+    identity: _RequestIdentity
     procs: list[_Proc]
     waiters: list[tuple[str, object]]
     started: float
@@ -94,6 +115,14 @@ class _SpawnRequest:
 
     def complete(self) -> bool:
         return len(self.procs) == self.size and all(p.addr for p in self.procs)
+
+
+def _spawn_origin(seq: int, identity: _RequestIdentity, pos: int) -> list[str]:
+    """The argv naming a spawn_procs request to its proc at `pos`, which tells a successor agent."""
+    argv = ["--spawn-seq", str(seq), "--spawn-size", str(identity.size), "--spawn-pos", str(pos)]
+    if identity.digest is not None:
+        argv += ["--spawn-digest", identity.digest.hex()]
+    return argv
 
 
 @dataclass
@@ -116,10 +145,11 @@ class _SessionState:
 
 class HostAgent:
     """One machine's host agent. `succeeds` is the host.json record of a dead agent whose
-    address (if still free) and procs this one takes over."""
+    address (if still free) and procs this one takes over. `fences`: where each session's
+    epoch fence is kept (default $REGENT_HOME/fences), so a successor starts from it."""
 
     def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0,
-                 succeeds: dict | None = None):
+                 succeeds: dict | None = None, fences: FenceStore | None = None):
         self.ctx = zmq.Context()
         self.creds = load_credentials()
         self.inbox = self._bind(bind_host, port, succeeds)
@@ -127,6 +157,7 @@ class HostAgent:
         self.bind_host = bind_host
         self.idle_exit_s = idle_exit_s
         self.sessions: dict[str, _SessionState] = {}
+        self.fences = fences or FenceStore(regent_home() / "fences")
         self.stopped: dict[str, None] = {}  # sessions stopped by their controller, oldest first
         self.by_pidfd: dict[int, tuple[str, _Proc]] = {}
         self.last_activity = time.monotonic()
@@ -224,8 +255,8 @@ class HostAgent:
             else:
                 self._reply(rt, sid, n, procs=[])
             return
-        state = self.sessions.setdefault(sid, _SessionState())
-        if not state.fence.admit(epoch):
+        state = self._session(sid)
+        if not self._admit_epoch(sid, state, epoch):
             self._send(rt, wire.encode(Kind.HOST_REP, {
                 "sid": sid, "n": n, "st": "fenced", "e": state.fence.epoch,
                 "em": f"epoch {epoch} is below {state.fence.epoch}: this controller was deposed"}))
@@ -264,6 +295,29 @@ class HostAgent:
         else:
             raise ProtocolError(f"unknown host op {op!r}")
 
+    def _session(self, sid: str) -> _SessionState:
+        """A session's state, created with the fence a dead predecessor left on disk."""
+        state = self.sessions.get(sid)
+        if state is None:
+            state = self.sessions[sid] = _SessionState(fence=EpochFence(self.fences.load(sid)))
+        return state
+
+    def _admit_epoch(self, sid: str, state: _SessionState, epoch: int) -> bool:
+        """The fence's verdict on `epoch`; a raised fence is on disk before anything acts on it."""
+        before = state.fence.epoch
+        if not state.fence.admit(epoch):
+            return False
+        if state.fence.epoch > before:
+            try:
+                self.fences.save(sid, state.fence.epoch, keep=set(self.sessions))
+            except OSError as e:
+                # Availability over a lost fence: the procs still carry the epoch they saw.
+                log.error("cannot keep the session's epoch fence on disk; an agent restarted after this "
+                          "one dies may accept a deposed controller until procs adopt it (check "
+                          "$REGENT_HOME/fences: space, permissions)", session=sid, epoch=state.fence.epoch,
+                          error=str(e))
+        return True
+
     def _reply(self, rt: str, sid: str, n: object, **extra: object) -> None:
         self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": n, "st": "ok", **extra}))
 
@@ -288,8 +342,14 @@ class HostAgent:
         if not isinstance(envs, list) or not all(isinstance(e, dict) for e in envs):
             raise ProtocolError("spawn_procs envs is not a list of maps")
         path = meta.get("path") or []
+        digest = meta.get("d")
+        if digest is not None and (not isinstance(digest, bytes) or len(digest) > 64):
+            raise ProtocolError("spawn_procs digest 'd' is not bytes of at most 64")
+        identity = _RequestIdentity("spawn_procs", count, -1, digest)
         req = state.spawns.get(seq)
         if req is not None:  # a replaying controller asks again: same procs
+            if not self._same_request(rt, sid, meta.get("n"), req, identity):
+                return
             if req.answered is not None:
                 self._send(rt, wire.encode(Kind.HOST_REP, {**req.answered, "n": meta.get("n")}))
             else:
@@ -305,10 +365,25 @@ class HostAgent:
                                                        "em": f"cannot bind procs to devices on this host: {e}"}))
             return
         first = state.next_index
-        procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path,
-                                  ["--spawn-seq", str(seq), "--spawn-size", str(count), "--spawn-pos", str(i)])
+        procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path, _spawn_origin(seq, identity, i))
                  for i in range(count)]
-        state.spawns[seq] = _SpawnRequest(sid, seq, procs, [(rt, meta.get("n"))], time.monotonic(), count, first)
+        state.spawns[seq] = _SpawnRequest(sid, seq, identity, procs, [(rt, meta.get("n"))], time.monotonic(),
+                                          count, first)
+
+    def _same_request(self, rt: str, sid: str, n: object, req: _SpawnRequest, identity: _RequestIdentity) -> bool:
+        """Whether a request under a known key is the one recorded there; if not, it is
+        answered as a divergence and nothing is started or joined."""
+        if req.identity == identity:
+            return True
+        key = f"call seq {req.seq}" if req.seq != -1 else "the replacement of that proc"
+        log.warning("refused a host request that reuses a key for another request", session=sid,
+                    first=req.identity.describe(), now=identity.describe())
+        self._send(rt, wire.encode(Kind.HOST_REP, {
+            "sid": sid, "n": n, "st": "divergence", "s": req.seq,
+            "em": f"{key} was first asked as {req.identity.describe()} and now as {identity.describe()}: "
+                  "the controller program is not deterministic (or two controllers disagree); "
+                  "nothing was started again"}))
+        return False
 
     def _start_proc(self, sid: str, state: _SessionState, index: int, extra_env: dict, path: list,
                     origin: list[str]) -> _Proc:
@@ -321,7 +396,8 @@ class HostAgent:
         popen = subprocess.Popen(
             [sys.executable, "-m", "worker.proc", "--session", sid, "--index", str(index),
              "--id", proc_id, "--host-inbox", self.inbox.address, "--bind-host", self.bind_host,
-             "--host-pid", str(os.getpid()), "--orphan-s", repr(state.orphan_timeout_s), *origin],
+             "--host-pid", str(os.getpid()), "--orphan-s", repr(state.orphan_timeout_s),
+             "--epoch", str(state.fence.epoch), *origin],
             env=env, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         pidfd = os.pidfd_open(popen.pid)
@@ -358,20 +434,23 @@ class HostAgent:
     def _on_respawn(self, sid: str, state: _SessionState, meta: dict, rt: str) -> None:
         """A supervisor replaces a dead proc: same index, fresh process, answered when ready."""
         old = wire.require(meta, "old", str)
+        index = wire.require(meta, "idx", int)
         n = meta.get("n")
+        identity = _RequestIdentity("respawn_proc", 1, index, None)
         req = state.respawns.get(old)
         if req is not None:
+            if not self._same_request(rt, sid, n, req, identity):
+                return
             if req.answered is not None:
                 self._send(rt, wire.encode(Kind.HOST_REP, {**req.answered, "n": n}))
             else:
                 req.waiters.append((rt, n))
             return
-        index = wire.require(meta, "idx", int)
         env = meta.get("env") or {}
         if not isinstance(env, dict):
             raise ProtocolError("respawn_proc env is not a map")
         proc = self._start_proc(sid, state, index, _env_at([env], 0), meta.get("path") or [], ["--replaces", old])
-        state.respawns[old] = _SpawnRequest(sid, -1, [proc], [(rt, n)], time.monotonic(), 1, index)
+        state.respawns[old] = _SpawnRequest(sid, -1, identity, [proc], [(rt, n)], time.monotonic(), 1, index)
 
     # --- adoption: procs of a dead agent ------------------------------------------------
 
@@ -418,10 +497,13 @@ class HostAgent:
             self._terminate([proc])
             return
         if state is None:
-            state = self.sessions[sid] = _SessionState()
+            state = self._session(sid)
             orphan = meta.get("orphan_s")
             if isinstance(orphan, int | float) and not isinstance(orphan, bool) and orphan > 0:
                 state.orphan_timeout_s = float(orphan)
+        seen = meta.get("e")  # the highest epoch the proc has seen: the fence is at least that
+        if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0:
+            self._admit_epoch(sid, state, seen)
         state.procs[proc_id] = proc
         state.next_index = max(state.next_index, index + 1)
         self.by_pidfd[pidfd] = (sid, proc)
@@ -432,22 +514,34 @@ class HostAgent:
         log.info("proc adopted", session=sid, proc=proc_id, pid=pid)
 
     def _adopted_meta(self, sid: str, n: object, status: str) -> dict:
-        return {"sid": sid, "n": n, "st": status, "pid": os.getpid(), "at": self.inbox.address}
+        state = self.sessions.get(sid)
+        meta = {"sid": sid, "n": n, "st": status, "pid": os.getpid(), "at": self.inbox.address}
+        if state is not None:
+            meta["e"] = state.fence.epoch  # the proc raises its own fence to it
+        return meta
 
     def _claim(self, state: _SessionState, sid: str, proc: _Proc, meta: dict) -> None:
         """Rebuild the record of the request that started an adopted proc, so the same request
         sent again (a replaying controller) is answered with the same procs."""
         old = meta.get("old")
         if isinstance(old, str):
-            req = state.respawns.setdefault(old, _SpawnRequest(sid, -1, [], [], time.monotonic(), 1, proc.index))
+            identity = _RequestIdentity("respawn_proc", 1, proc.index, None)
+            req = state.respawns.setdefault(old, _SpawnRequest(sid, -1, identity, [], [], time.monotonic(), 1,
+                                                               proc.index))
         else:
-            seq, size, pos = meta.get("s"), meta.get("size"), meta.get("pos")
+            seq, size, pos, digest = meta.get("s"), meta.get("size"), meta.get("pos"), meta.get("d")
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, size, pos)) \
-                    or not 0 <= pos < size <= 1024:
+                    or not 0 <= pos < size <= 1024 or not (digest is None or isinstance(digest, bytes)):
                 return  # started by hand, or by an agent that did not say: nothing to dedupe
             req = state.spawns.get(seq)
             if req is None:
-                req = state.spawns[seq] = _SpawnRequest(sid, seq, [], [], time.monotonic(), size, proc.index - pos)
+                identity = _RequestIdentity("spawn_procs", size, -1, digest)
+                req = state.spawns[seq] = _SpawnRequest(sid, seq, identity, [], [], time.monotonic(), size,
+                                                        proc.index - pos)
+            elif req.identity != _RequestIdentity("spawn_procs", size, -1, digest):
+                log.warning("an adopted proc names a spawn this agent knows otherwise; not counted as its proc",
+                            session=sid, proc=proc.id, seq=seq)
+                return
             state.next_index = max(state.next_index, req.first + req.size)
         if req.answered is None and len(req.procs) < req.size:
             req.procs.append(proc)
@@ -475,7 +569,7 @@ class HostAgent:
                         if pos not in have:
                             req.procs.append(self._start_proc(
                                 sid, state, req.first + pos, _env_at(envs, pos), path,
-                                ["--spawn-seq", str(req.seq), "--spawn-size", str(req.size), "--spawn-pos", str(pos)]))
+                                _spawn_origin(req.seq, req.identity, pos)))
                     req.started = time.monotonic()
 
     def _stop_orphans(self) -> None:

@@ -36,7 +36,7 @@ from worker import _wire as wire
 from worker._wire import Kind
 from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
 from worker.classref import load_class
-from worker.dedupe import DedupeCache
+from worker.dedupe import CallIdentity, DedupeCache
 from worker.errors import ActorExit, DivergenceError, ProtocolError
 from worker.fencing import EpochFence
 from worker.host import ensure_local_host
@@ -85,7 +85,7 @@ class ProcRuntime:
     request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
 
     def __init__(self, session: str, index: int, proc_id: str, host_inbox: str, bind_host: str,
-                 host_pid: int | None = None, origin: dict | None = None):
+                 host_pid: int | None = None, origin: dict | None = None, epoch: int = 0):
         self.session = session
         self.index = index
         self.proc_id = proc_id
@@ -103,7 +103,7 @@ class ProcRuntime:
         self.inbox = Inbox(self.ctx, self.creds, bind_host)
         self.outbox = Outbox(self.ctx, self.creds)
         self.host_inbox = host_inbox
-        self.fence = EpochFence()
+        self.fence = EpochFence(epoch)  # what its session had seen when this proc started
         self.dedupe = DedupeCache()
         self.actors: dict[str, _Slot] = {}
         self.pending: dict[str, collections.deque] = {}
@@ -202,7 +202,7 @@ class ProcRuntime:
         n = next(self._ack_ids)
         ack = self._acks[n] = self.loop.create_future()
         meta = {"sid": self.session, "id": self.proc_id, "idx": self.index, "pid": os.getpid(),
-                "addr": self.inbox.address, "n": n, **self.origin}
+                "addr": self.inbox.address, "n": n, "e": self.fence.epoch, **self.origin}
         try:
             self._send(address, wire.encode(Kind.PROC_ADOPT, meta))
             try:
@@ -212,6 +212,9 @@ class ProcRuntime:
                                    f"{ADOPT_ACK_TIMEOUT_S:g} s (see its log in $REGENT_HOME/host.log)") from None
         finally:
             self._acks.pop(n, None)
+        seen = reply.get("e")  # the new agent's fence for this session: never below our own
+        if isinstance(seen, int) and not isinstance(seen, bool) and seen > self.fence.epoch:
+            self.fence.admit(seen)
         if reply.get("st") == "stopped":
             log.info("the session was stopped while this proc had no host agent; stopping",
                      proc=self.proc_id)
@@ -362,14 +365,16 @@ class ProcRuntime:
 
     # --- calls -------------------------------------------------------------------
 
-    def _admit(self, meta: dict, rt: str | None) -> tuple[str, int, int] | None:
-        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point) to run."""
+    def _admit(self, kind: Kind, meta: dict, rt: str | None) -> tuple[str, int, int, str] | None:
+        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point, method)
+        to run. A message reusing an id for anything else is refused by the cache."""
         seq = wire.require(meta, "s", int)
         actor = wire.require(meta, "a", str)
         point = wire.require(meta, "pt", int)
-        digest = wire.require(meta, "d", bytes)
+        method = wire.require(meta, "m", str)
+        identity = CallIdentity(kind, method, point, wire.require(meta, "d", bytes))
         try:
-            verdict, cached = self.dedupe.admit(seq, actor, digest, rt)
+            verdict, cached = self.dedupe.admit(seq, actor, identity, rt)
         except DivergenceError as e:
             if rt:
                 self._reply(rt, Kind.RESULT, self._result_meta(seq, actor, point, "divergence", em=str(e)))
@@ -380,14 +385,13 @@ class ProcRuntime:
             return None
         if verdict == "joined":
             return None
-        return actor, seq, point
+        return actor, seq, point, method
 
     def _on_call(self, meta: dict, payload: list, rt: str | None) -> None:
-        admitted = self._admit(meta, rt)
+        admitted = self._admit(Kind.CALL, meta, rt)
         if admitted is None:
             return
-        actor, seq, point = admitted
-        method = wire.require(meta, "m", str)
+        actor, seq, point, method = admitted
         slot = self.actors.get(actor)
         if slot is None:
             self._finish(seq, actor, point, "noactor", em=f"no actor {actor!r} on proc {self.proc_id}")
@@ -500,10 +504,10 @@ class ProcRuntime:
         if meta.get("restart"):
             self._on_restart(meta, payload, rt)
             return
-        admitted = self._admit(meta, rt)
+        admitted = self._admit(Kind.SPAWN, meta, rt)
         if admitted is None:
             return
-        actor, seq, point = admitted
+        actor, seq, point, _ = admitted
         coords = meta.get("co") or {}
         ctx = ActorContext(mesh=actor, rank=point, point=dict(coords), proc_index=self.index,
                            incarnation=int(meta.get("inc", 0)))
@@ -557,10 +561,10 @@ class ProcRuntime:
                                           "n": n, "pid": os.getpid(), "inc": inc})
 
     def _on_stop(self, meta: dict, rt: str | None) -> None:
-        admitted = self._admit(meta, rt)
+        admitted = self._admit(Kind.STOP, meta, rt)
         if admitted is None:
             return
-        actor, seq, point = admitted
+        actor, seq, point, _ = admitted
         slot = self.actors.pop(actor, None)
         if slot is not None:
             self._cleanup(slot)
@@ -654,7 +658,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spawn-seq", type=int, default=None, help="call id of the spawn_procs that started it")
     p.add_argument("--spawn-size", type=int, default=None)
     p.add_argument("--spawn-pos", type=int, default=None)
+    p.add_argument("--spawn-digest", default=None, help="the controller's digest of that spawn_procs (hex)")
     p.add_argument("--replaces", default=None, help="id of the proc this one was started to replace")
+    p.add_argument("--epoch", type=int, default=0, help="the highest epoch its session had seen at the agent")
     a = p.parse_args(argv)
     from worker.logsetup import configure_logging
 
@@ -666,7 +672,9 @@ def main(argv: list[str] | None = None) -> None:
         origin["old"] = a.replaces
     elif None not in (a.spawn_seq, a.spawn_size, a.spawn_pos):
         origin.update(s=a.spawn_seq, size=a.spawn_size, pos=a.spawn_pos)
-    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin).run()
+        if a.spawn_digest is not None:
+            origin["d"] = bytes.fromhex(a.spawn_digest)
+    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch).run()
     sys.exit(0)
 
 

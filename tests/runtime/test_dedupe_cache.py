@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from worker.dedupe import LARGE_RESULT_BYTES, DedupeCache
+from worker._wire import Kind
+from worker.dedupe import LARGE_RESULT_BYTES, CallIdentity, DedupeCache
 from worker.errors import DivergenceError
+
+ADD = CallIdentity(Kind.CALL, "add", 0, b"d")
 
 
 def _run(cache: DedupeCache, seq: int, actor: str = "a", size: int = 10, finish: bool = True) -> None:
-    assert cache.admit(seq, actor, b"d", "rt") == ("run", None)
+    assert cache.admit(seq, actor, ADD, "rt") == ("run", None)
     if finish:
         cache.complete(seq, actor, ({"s": seq}, ()), size)
 
@@ -23,9 +26,9 @@ def test_a_watermark_releases_small_finished_results_at_or_below_it():
     _run(cache, 11, size=LARGE_RESULT_BYTES)  # large: kept until the checkpoint watermark
     assert cache.watermark(11, -1) == 10
     assert len(cache) == 2
-    assert cache.admit(10, "a", b"d", "rt2") == ("joined", None)
+    assert cache.admit(10, "a", ADD, "rt2") == ("joined", None)
     with pytest.raises(DivergenceError, match="released"):
-        cache.admit(3, "a", b"d", "rt")
+        cache.admit(3, "a", ADD, "rt")
     assert cache.watermark(11, 11) == 1  # the large one goes with the checkpoint
     assert len(cache) == 1
 
@@ -49,3 +52,32 @@ def test_one_call_id_reaching_several_actors_is_kept_per_actor():
     _run(cache, 2, "a", finish=False)
     assert cache.watermark(1, -1) == 2
     assert len(cache) == 1
+
+
+# The same id and arguments, anything else different: another call, never the first one's result.
+OTHERS = [
+    pytest.param(ADD._replace(method="sub"), id="another endpoint"),
+    pytest.param(ADD._replace(point=1), id="another point"),
+    pytest.param(ADD._replace(kind=Kind.STOP), id="another kind"),
+    pytest.param(ADD._replace(digest=b"e"), id="other arguments"),
+]
+
+
+@pytest.mark.parametrize("other", OTHERS)
+def test_a_finished_call_id_reused_for_another_call_is_a_divergence(other):
+    cache = DedupeCache()
+    _run(cache, 1)
+    with pytest.raises(DivergenceError, match="seq 1 to a was first sent as CALL 'add' at point 0") as e:
+        cache.admit(1, "a", other, "rt2")
+    assert other.describe() in str(e.value)
+    assert cache.admit(1, "a", ADD, "rt3") == ("cached", ({"s": 1}, ()))  # the call itself still hits
+
+
+@pytest.mark.parametrize("other", OTHERS)
+def test_a_call_id_in_flight_reused_for_another_call_is_a_divergence_and_joins_nothing(other):
+    cache = DedupeCache()
+    _run(cache, 1, finish=False)
+    with pytest.raises(DivergenceError, match="not run again"):
+        cache.admit(1, "a", other, "rt2")
+    assert cache.admit(1, "a", ADD, "rt3") == ("joined", None)
+    assert cache.complete(1, "a", ({"s": 1}, ()), 10) == ["rt", "rt3"]  # rt2 is no waiter

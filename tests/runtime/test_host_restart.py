@@ -20,6 +20,7 @@ from tests.runtime.rawpeer import RawPeer
 from worker import Actor, context, endpoint
 from worker import _wire as wire
 from worker._wire import Kind
+from worker.fencing import FenceStore
 from worker.host import ensure_local_host
 from worker.security import load_credentials
 from worker.supervision import RestartPolicy
@@ -182,15 +183,18 @@ def test_a_proc_that_dies_while_no_host_agent_runs_is_reported_by_the_new_one_an
     assert [p for p in everyone if _running(p)] == []
 
 
-def _ask(peer: RawPeer, host: str, sid: str, op: str, timeout: float = 20.0, **fields) -> dict:
-    """A host request as a controller of epoch 1 makes it; the reply, which must be ok."""
+def _ask(peer: RawPeer, host: str, sid: str, op: str, timeout: float = 20.0, epoch: int = 1,
+         expect: str | None = "ok", **fields) -> dict:
+    """A host request as a controller of `epoch` makes it; the reply, whose status must be
+    `expect` (None: any)."""
     n = int(time.monotonic() * 1e6)
-    peer.send(host, wire.encode(Kind.HOST_REQ, {"sid": sid, "e": 1, "op": op, "n": n, "rt": peer.address, **fields}))
+    peer.send(host, wire.encode(Kind.HOST_REQ, {"sid": sid, "e": epoch, "op": op, "n": n, "rt": peer.address,
+                                                 **fields}))
     deadline = time.monotonic() + timeout
     while True:
         kind, reply, _ = peer.recv(max(0.0, deadline - time.monotonic()))
         if kind is Kind.HOST_REP and reply.get("n") == n:
-            assert reply["st"] == "ok", reply
+            assert expect is None or reply["st"] == expect, reply
             return reply
 
 
@@ -300,3 +304,154 @@ def test_procs_adopted_while_no_controller_is_connected_are_stopped_after_the_or
     assert all(_running(p) for p in pids), "stopped before the orphan timeout"
     # ... and stopped once the session's own orphan timeout (3 s, carried by the procs) has passed.
     _wait(lambda: not any(_running(p) for p in pids), 15, "orphaned procs stopped")
+
+
+def _env(count: int) -> list[dict]:
+    return [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": "procs"} for i in range(count)]
+
+
+def _alive(peer: RawPeer, host: str, sid: str, epoch: int = 1) -> list[dict]:
+    return [p for p in _ask(peer, host, sid, "list", epoch=epoch)["procs"] if p["alive"]]
+
+
+def test_a_spawn_call_id_reused_for_another_spawn_is_a_divergence_and_starts_nothing(home):
+    sid = f"agent-spawn-divergence-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        first = _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=_env(2), d=b"two")["procs"]
+        for other in ({"count": 1, "envs": _env(1), "d": b"two"}, {"count": 2, "envs": _env(2), "d": b"else"}):
+            reply = _ask(peer, host, sid, "spawn_procs", expect="divergence", s=1, **other)
+            assert "call seq 1 was first asked as spawn_procs of 2 procs" in reply["em"], reply
+        assert _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=_env(2), d=b"two")["procs"] == first
+        # In flight: the second request is refused at once, not joined to the first one's answer.
+        for n, count in ((101, 1), (102, 2)):
+            peer.send(host, wire.encode(Kind.HOST_REQ, {"sid": sid, "e": 1, "op": "spawn_procs", "n": n,
+                                                         "rt": peer.address, "s": 2, "count": count,
+                                                         "envs": _env(count), "d": b"x"}))
+        replies = []
+        while len(replies) < 2:
+            kind, reply, _ = peer.recv(20)
+            if kind is Kind.HOST_REP:
+                replies.append(reply)
+        assert [(r["n"], r["st"]) for r in replies] == [(102, "divergence"), (101, "ok")], replies
+        assert len(replies[1]["procs"]) == 1
+        replaced = _ask(peer, host, sid, "respawn_proc", old="gone-0", idx=5, env={})["procs"]
+        reply = _ask(peer, host, sid, "respawn_proc", expect="divergence", old="gone-0", idx=6, env={})
+        assert "respawn_proc at index 5" in reply["em"] and "index 6" in reply["em"], reply
+        assert sorted(p["pid"] for p in _alive(peer, host, sid)) == sorted(
+            p["pid"] for p in first + replies[1]["procs"] + replaced), "a divergent request started a proc"
+        _ask(peer, host, sid, "stop_session")
+    finally:
+        peer.close()
+
+
+def test_a_restarted_agent_refuses_a_spawn_call_id_reused_for_another_spawn(home):
+    """The spawn's identity comes back with the procs that adopt the new agent."""
+    sid = f"agent-restart-divergence-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        first = _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=_env(2), d=b"two")["procs"]
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        _successor(home, dead)
+        _wait(lambda: len(_alive(peer, host, sid)) == 2, 10, "both procs adopted")
+        reply = _ask(peer, host, sid, "spawn_procs", expect="divergence", s=1, count=2, envs=_env(2), d=b"else")
+        assert "digest " + b"two".hex() in reply["em"], reply
+        assert _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=_env(2), d=b"two")["procs"] == first
+        _ask(peer, host, sid, "stop_session")
+    finally:
+        peer.close()
+
+
+def test_a_restarted_agent_refuses_an_epoch_below_one_its_predecessor_saw_and_so_do_its_procs(home):
+    """Epoch 7 reached only the agent (a hello); after its SIGKILL the procs start a new one,
+    which refuses epoch 3 (stop_procs, hello) and tells the procs it adopts of epoch 7."""
+    sid = f"agent-restart-fence-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        procs = _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=_env(2))["procs"]
+        _ask(peer, host, sid, "hello", epoch=7)
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        _successor(home, dead)
+        reply = _ask(peer, host, sid, "stop_procs", epoch=3, expect="fenced", ids=[p["id"] for p in procs])
+        assert reply["e"] == 7 and "deposed" in reply["em"]
+        _ask(peer, host, sid, "hello", epoch=3, expect="fenced")  # no subscribing to the leader's events
+        _wait(lambda: len(_alive(peer, host, sid, epoch=7)) == 2, 10, "both procs adopted")
+        assert all(_running(p["pid"]) for p in procs)
+        for p in procs:  # each adopted proc learnt epoch 7 from the agent that adopted it
+            peer.call(p["addr"], sid, 3, 10, "nobody", "m", point=p["idx"])
+            kind, meta, _ = peer.recv()
+            assert (kind, meta["st"], meta.get("e")) == (Kind.RESULT, "fenced", 7), meta
+        _ask(peer, host, sid, "stop_session", epoch=7)
+    finally:
+        peer.close()
+
+
+def test_a_restarted_agent_refuses_a_lower_epoch_before_any_proc_has_adopted_it(home):
+    """No procs at all: only the fence on disk can tell the new agent about epoch 7."""
+    sid = f"agent-restart-fence-disk-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        _ask(peer, host, sid, "hello", epoch=7)
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        _wait(lambda: not _running(dead["pid"]), 5, "the agent died")
+        assert ensure_local_host() == host  # a successor at the same address, with nothing to adopt
+        reply = _ask(peer, host, sid, "hello", epoch=3, expect="fenced")
+        assert reply["e"] == 7
+        _ask(peer, host, sid, "hello", epoch=8)
+        assert FenceStore(home / "fences").load(sid) == 8
+        files = list((home / "fences").iterdir())
+        assert len(files) == 1 and files[0].stat().st_mode & 0o777 == 0o600, files
+        assert (home / "fences").stat().st_mode & 0o777 == 0o700
+    finally:
+        peer.close()
+
+
+def test_a_restarted_agent_takes_the_epoch_its_procs_saw_when_they_adopt_it(home):
+    """Epoch 9 reached only the procs (a takeover's fence): they report it on adoption."""
+    sid = f"agent-restart-fence-adopt-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        procs = _ask(peer, host, sid, "spawn_procs", s=1, count=2, envs=_env(2))["procs"]
+        for p in procs:
+            peer.send(p["addr"], wire.encode(Kind.FENCE, {"sid": sid, "e": 9, "rt": peer.address, "n": 1}))
+            assert peer.recv()[1]["e"] == 9
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        _successor(home, dead)
+
+        def raised() -> bool:  # epoch 1 is what the agent had seen itself: asking at it raises nothing
+            reply = _ask(peer, host, sid, "list", expect=None)
+            return reply["st"] == "fenced" and reply["e"] == 9
+
+        _wait(raised, 10, "an adopted proc raised the new agent's fence to 9")
+        reply = _ask(peer, host, sid, "stop_procs", epoch=5, expect="fenced", ids=[p["id"] for p in procs])
+        assert reply["e"] == 9
+        assert all(_running(p["pid"]) for p in procs)
+        _ask(peer, host, sid, "stop_session", epoch=9)
+    finally:
+        peer.close()
+
+
+def test_a_proc_started_to_replace_another_refuses_an_epoch_below_its_session_s(home):
+    """A new process knows its session's fence from the agent that starts it."""
+    sid = f"agent-respawn-fence-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        _ask(peer, host, sid, "spawn_procs", s=1, count=1, envs=_env(1))
+        _ask(peer, host, sid, "hello", epoch=7)
+        (new,) = _ask(peer, host, sid, "respawn_proc", epoch=7, old="gone-0", idx=0, env={})["procs"]
+        peer.call(new["addr"], sid, 3, 10, "nobody", "m")
+        kind, meta, _ = peer.recv()
+        assert (kind, meta["st"], meta.get("e")) == (Kind.RESULT, "fenced", 7), meta
+        _ask(peer, host, sid, "stop_session", epoch=7)
+    finally:
+        peer.close()

@@ -5,6 +5,7 @@ never produce them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -41,8 +42,28 @@ class Tally(Actor):
         return self.add(x)
 
     @endpoint
+    def sub(self, x: int) -> int:
+        self.executions += 1
+        self.total -= x
+        return self.total
+
+    @endpoint
+    async def add_later(self, x: int, delay: float) -> int:
+        await asyncio.sleep(delay)
+        return self.add(x)
+
+    @endpoint
+    async def sub_later(self, x: int, delay: float) -> int:
+        await asyncio.sleep(delay)
+        return self.sub(x)
+
+    @endpoint
     def count(self) -> int:
         return self.executions
+
+    @endpoint
+    def state(self) -> tuple[int, int]:
+        return self.executions, self.total
 
     @endpoint
     def pid(self) -> int:
@@ -102,6 +123,45 @@ def test_same_id_with_different_arguments_is_a_divergence_not_a_rerun(tally):
     assert meta["st"] == "divergence"
     assert "seq 30000" in meta["em"] and "not run again" in meta["em"]
     assert mesh.slice(procs=0).count.call_one().get() == 1
+
+
+def test_same_id_and_arguments_for_another_endpoint_after_the_first_finished_is_a_divergence(tally):
+    s, mesh, peer = tally
+    addr = mesh._procs[0].address
+    peer.call(addr, s.sid, s.epoch, 31_000, "tally", "add", (5,))
+    assert _result(peer) == ({"sid": s.sid, "s": 31_000, "a": "tally", "pt": 0, "st": "ok"}, 5)
+    peer.call(addr, s.sid, s.epoch, 31_000, "tally", "sub", (5,))
+    meta, _ = _result(peer)
+    assert meta["st"] == "divergence", meta
+    assert "'add'" in meta["em"] and "'sub'" in meta["em"] and "not run again" in meta["em"]
+    assert mesh.slice(procs=0).state.call_one().get() == (1, 5)  # sub never ran
+
+
+def test_same_id_and_arguments_for_another_endpoint_while_the_first_runs_is_a_divergence(tally):
+    s, mesh, peer = tally
+    addr = mesh._procs[1].address
+    peer.call(addr, s.sid, s.epoch, 32_000, "tally", "add_later", (7, 0.5), point=1)
+    time.sleep(0.1)  # the proc has admitted it: it awaits its sleep
+    peer.call(addr, s.sid, s.epoch, 32_000, "tally", "sub_later", (7, 0.5), point=1)
+    first, _ = _result(peer)
+    assert first["st"] == "divergence", first  # at once, not joined to add_later's result
+    assert "'add_later'" in first["em"] and "'sub_later'" in first["em"]
+    second, value = _result(peer)
+    assert (second["st"], value) == ("ok", 7)
+    with pytest.raises(TimeoutError):
+        peer.recv(timeout=0.8)  # no second answer: sub_later never ran
+    assert mesh.slice(procs=1).state.call_one().get() == (1, 7)
+
+
+def test_same_id_at_another_point_is_a_divergence(tally):
+    s, mesh, peer = tally
+    addr = mesh._procs[0].address
+    peer.call(addr, s.sid, s.epoch, 33_000, "tally", "add", (3,), point=0)
+    assert _result(peer)[0]["st"] == "ok"
+    peer.call(addr, s.sid, s.epoch, 33_000, "tally", "add", (3,), point=1)
+    meta, _ = _result(peer)
+    assert meta["st"] == "divergence" and "point 1" in meta["em"], meta
+    assert mesh.slice(procs=0).state.call_one().get() == (1, 3)
 
 
 def test_a_lower_epoch_is_rejected_after_a_higher_one_was_seen(tally):
