@@ -8,6 +8,7 @@ import pytest
 
 from journal import Journal, JournalError, open_journal
 from journal.etcd_store import EtcdStore
+from journal.etcd_target import parse_etcd_url
 from journal.sqlite_store import SqliteStore
 
 # More batches than the first page of either store holds (SQLite 512, etcd 64 then more).
@@ -87,8 +88,7 @@ def _small_pages(url: str) -> Journal:
     """The store at `url` reading 4 batches per page: many page boundaries in a short log."""
     if url.startswith("sqlite://"):
         return Journal(SqliteStore(url.removeprefix("sqlite://"), read_page=4))
-    host, port = url.removeprefix("etcd://").split(":")
-    return Journal(EtcdStore([(host, int(port))], read_page=4))
+    return Journal(EtcdStore(parse_etcd_url(url), read_page=4))
 
 
 def test_compactions_between_small_pages_never_tear_a_read(journal_url: str, session: str):
