@@ -595,15 +595,16 @@ class ProcRuntime:
     def _transmit(self, rt: str, msg: list) -> None:
         """Send without blocking the loop; a full peer gets a backlog retried shortly."""
         try:
-            refuse_oversized(msg, self._max_message, rt)
-        except MessageTooLarge as e:
+            backlog = self.pending.get(rt)
+            if backlog:
+                refuse_oversized(msg, self._max_message, rt)
+                backlog.append((time.monotonic(), msg))
+                return
+            sent = self.outbox.peer(rt).try_send(msg)
+        except MessageTooLarge as e:  # a result too large was refused in _finish_value: not this
             log.error("reply not sent", proc=self.proc_id, error=str(e))
             return
-        backlog = self.pending.get(rt)
-        if backlog:
-            backlog.append((time.monotonic(), msg))
-            return
-        if not self.outbox.peer(rt).try_send(msg):
+        if not sent:
             self.pending[rt] = collections.deque([(time.monotonic(), msg)])
             self.loop.call_later(0.001, self._flush, rt)
 

@@ -121,7 +121,7 @@ def refuse_oversized_call(actor: str, method: str, frames: Sequence[Any], limit:
     `limit` bytes. Its metadata is bounded from above: header, keys and ints (128 bytes) and
     the strings in it (actor, method and `names`: session id, reply address)."""
     size = wire.payload_size(frames)
-    if size + 4096 > limit:  # a call with less payload always fits
+    if size + 4096 > limit:  # a call with less payload always fits (see Runtime.refuse_oversized_call)
         size += 128 + sum(len(x.encode()) for x in (actor, method, *names))
         if size > limit:
             raise too_large(f"a call of {actor}.{method} with these arguments", size, limit)
@@ -169,7 +169,9 @@ class Inbox:
     def accept(self, frames: list) -> bool:
         """Whether a received message is within the size limit, all frames together; one
         that is not is logged with its peer and is to be dropped."""
-        size = message_size(frames)
+        size = 0
+        for f in frames:  # message_size, inline: once per message received
+            size += len(f)
         if size <= self.max_message:
             return True
         log.warning("dropped oversized message", peer=peer_of(frames[0]), bytes=size, frames=len(frames),
@@ -220,7 +222,7 @@ class Peer:
     def send(self, frames: list, alive: Callable[[], bool] | None = None) -> None:
         """Send, waiting while the peer's queue is full; PeerGone if alive() turns false,
         MessageTooLarge (nothing sent) if the message is above the peer's limit."""
-        refuse_oversized(frames, self.max_message, self.address)
+        self._refuse_oversized(frames)
         with self.lock:
             if self._queued:
                 self._flush_locked(True)
@@ -238,7 +240,7 @@ class Peer:
 
     def try_send(self, frames: list) -> bool:
         """Send without waiting; False if the peer's queue is full. MessageTooLarge as `send`."""
-        refuse_oversized(frames, self.max_message, self.address)
+        self._refuse_oversized(frames)
         with self.lock:
             if self._queued and not self._flush_locked(False):
                 return False
@@ -247,6 +249,13 @@ class Peer:
                 return True
             except zmq.Again:
                 return False
+
+    def _refuse_oversized(self, frames: list) -> None:
+        size = 0
+        for f in frames:  # message_size, inline: once per message sent
+            size += len(f)
+        if size > self.max_message:
+            refuse_oversized(frames, self.max_message, self.address)
 
     def queue(self, msg: list, alive: Callable[[], bool] | None = None) -> None:
         """Add a message to the next batch. The batch goes out when it is full or older
