@@ -9,10 +9,17 @@ from controller.replay import NonDeterminismError
 from controller.session import Session
 from journal import LeadershipLost
 from worker.actor import Actor, context, current_rank, endpoint
-from worker.errors import ActorError, DivergenceError, FencedError, RegentError, SupervisionError
+from worker.errors import (
+    ActorError,
+    DivergenceError,
+    FencedError,
+    MessageTooLarge,
+    RegentError,
+    SupervisionError,
+)
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
-    "HostMesh", "LeadershipLost", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
+    "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
     "context", "current_rank", "endpoint",
 ]

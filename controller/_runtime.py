@@ -13,7 +13,7 @@ import itertools
 import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.futures import Future
 from worker import _wire as wire
+from worker import schema
 from worker._wire import Kind
 from worker.errors import ProtocolError
 from worker.security import load_credentials, stop_authenticator
@@ -33,6 +34,8 @@ from worker.transport import (
     Outbox,
     Peer,
     PeerGone,
+    peer_of,
+    refuse_oversized_call,
     spin_budget_s,
     spin_until_readable,
 )
@@ -124,6 +127,13 @@ class Runtime:
         self._io.start()
 
     # --- program-side sends -------------------------------------------------------
+
+    def refuse_oversized_call(self, actor: str, method: str, frames: Sequence[Any]) -> None:
+        """MessageTooLarge if this call would be above the message limit: checked before the
+        call is issued, as a call sent never to arrive would wait for ever."""
+        if len(frames) == 1 and len(frames[0]) + 4096 <= self.inbox.max_message:
+            return  # the usual call, at once: this runs for every one
+        refuse_oversized_call(actor, method, frames, self.inbox.max_message, self.session, self.reply_address)
 
     def send_to_proc(self, proc: ProcRef, msg: list) -> None:
         """Send now (after whatever is queued for that proc)."""
@@ -274,21 +284,26 @@ class Runtime:
             budget = until - time.perf_counter()
 
     def _handle(self, frames: list) -> None:
+        """One received message: its metadata is checked against worker.schema before any of
+        it is read; what fails is dropped and logged with its peer."""
         try:
-            kind, meta, payload = wire.decode(frames)
+            kind, meta, payload = schema.CONTROLLER.decode(frames)
             subs = wire.split_batch(meta, payload) if kind is Kind.BATCH else None
         except ProtocolError as e:
-            log.warning("dropped malformed message", error=str(e))
+            log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
             return
         if subs is None:
-            self._handle_one(kind, meta, payload)
+            try:
+                self._handle_one(kind, meta, payload)
+            except Exception:  # never the program's error: it may be reading the inbox
+                log.exception("a message failed (dropped)", peer=peer_of(frames[0]), kind=kind.name)
             return
         replies = []
         for sub in subs:
             try:
-                replies.append(wire.decode_one(sub))
+                replies.append(schema.CONTROLLER.decode_one(sub))
             except ProtocolError as e:
-                log.warning("dropped malformed message from a batch", error=str(e))
+                log.warning("dropped malformed message from a batch", peer=peer_of(frames[0]), error=str(e))
         lsns = None
         if self.record_batch is not None and len(replies) == len(subs):
             lsns = self.record_batch(frames, replies)
@@ -296,7 +311,7 @@ class Runtime:
             try:
                 self._handle_one(kind, meta, payload, lsn)
             except Exception:
-                log.exception("a message from a batch failed (handling the rest)")
+                log.exception("a message from a batch failed (handling the rest)", peer=peer_of(frames[0]))
 
     def _handle_one(self, kind: Kind, meta: dict, payload: list, lsn: int | None = None) -> None:
         """One message; `lsn`: the journal record its batch was journaled in (record_batch)."""

@@ -46,6 +46,7 @@ from controller.replay import (
 from controller.session import Session
 from worker.errors import RegentError
 from worker.logsetup import configure_logging
+from worker.transport import max_message_bytes, refuse_oversized_call
 
 
 @dataclass
@@ -211,6 +212,7 @@ class _NoRuntime:
         self.procs: dict = {}
         self.hosts: dict = {}
         self.checkpoint_seq = -1
+        self.max_message = max_message_bytes()  # this process's setting, as the run's was
 
     def deliver_local(self, call: Any, point: int, outcome: Outcome) -> None:
         with self.lock:
@@ -226,6 +228,11 @@ class _NoRuntime:
         missing = sorted(set(waiting[0].targets) - set(waiting[0].results)) if waiting else []
         raise AuditGap(f"the program waits for {what} (points {missing}), whose result the journal does "
                        "not hold (kept by the worker, or never journaled): an audit cannot answer it")
+
+    def refuse_oversized_call(self, actor: str, method: str, frames: Any) -> None:
+        """As the live edge: a call too large to send was refused there, so it is here."""
+        refuse_oversized_call(actor, method, frames, self.max_message, self.core.session,
+                              "tcp://127.0.0.1:65535")  # the longest loopback reply address
 
     def host_request(self, host: str, op: str, **_: Any) -> dict:
         raise AuditGap(f"the program needs host agent {host} to {op!r}, and the journal does not say "

@@ -833,6 +833,7 @@ class Session:
     def _call(self, mesh: ActorMesh, method: str, args: tuple, kwargs: dict, kind: str,
               ranks: tuple[int, ...] | None, sink: Any) -> PendingCall:
         frames, digest = wire.dumps_call(args, kwargs)
+        self.runtime.refuse_oversized_call(mesh.name, method, frames)
         return self._issue_call(Kind.CALL, kind, mesh.name, method, frames, digest, mesh._procs, ranks, sink,
                                 choose_from=mesh if ranks is None else None)
 

@@ -8,12 +8,13 @@ from worker.errors import (
     ActorError,
     DivergenceError,
     FencedError,
+    MessageTooLarge,
     ProtocolError,
     RegentError,
     SupervisionError,
 )
 
 __all__ = [
-    "Actor", "ActorContext", "ActorError", "DivergenceError", "FencedError", "ProtocolError",
-    "RegentError", "SupervisionError", "context", "current_rank", "endpoint",
+    "Actor", "ActorContext", "ActorError", "DivergenceError", "FencedError", "MessageTooLarge",
+    "ProtocolError", "RegentError", "SupervisionError", "context", "current_rank", "endpoint",
 ]

@@ -97,8 +97,10 @@ class PointMessages:
         return [_HEADER.pack(MAGIC, VERSION, self._kind, len(body)) + body, *self._payload]
 
 
-def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
-    """Parse and validate one message; raises ProtocolError naming the defect."""
+def decode_head(frames: Sequence[Any]) -> tuple[Kind, Any, list]:
+    """Kind, metadata bytes (still to be decoded) and payload frames of one message, its
+    header checked; raises ProtocolError naming the defect. worker.schema decodes the
+    metadata of what a receiver accepts; `decode` decodes any metadata untyped."""
     if not frames:
         raise ProtocolError("empty message")
     if len(frames) > MAX_BUFFERS + 2:
@@ -116,15 +118,20 @@ def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
         raise ProtocolError(f"unknown message kind {kind}")
     if meta_len > MAX_META_BYTES or _HEADER.size + meta_len != len(head):
         raise ProtocolError(f"metadata length {meta_len} does not match a {len(head)}-byte frame")
+    return _KIND_OF[kind], head[_HEADER.size :], list(frames[1:])
+
+
+def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
+    """Parse one message, its metadata untyped (journal records, tools); receivers use
+    worker.schema, which validates every field. Raises ProtocolError naming the defect."""
+    kind, body, payload = decode_head(frames)
     try:
-        meta = msgpack.unpackb(
-            head[_HEADER.size :], raw=False, strict_map_key=True
-        )
+        meta = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"metadata is not valid msgpack: {e}") from None
     if not isinstance(meta, dict):
         raise ProtocolError("metadata is not a map")
-    return _KIND_OF[kind], meta, list(frames[1:])
+    return kind, meta, payload
 
 
 def encode_batch(messages: Sequence[list]) -> list:
@@ -214,11 +221,11 @@ def pack(messages: Sequence[list], max_message: int = 4 << 30) -> list[list]:
             group, nbytes = [], 0
             out.append(msg)
             continue
-        if group and (len(group) >= BATCH_MESSAGES or nbytes + size > limit):
+        if group and (len(group) >= BATCH_MESSAGES or nbytes + size + len(msg[0]) > limit):
             close_group()
             group, nbytes = [], 0
         group.append(msg)
-        nbytes += size
+        nbytes += size + len(msg[0])  # the header too: a batch is one message
     close_group()
     return out
 

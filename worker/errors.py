@@ -64,6 +64,11 @@ class ProtocolError(RegentError):
     """A frame could not be parsed (garbage, truncated, oversized, wrong version)."""
 
 
+class MessageTooLarge(RegentError, ValueError):
+    """A message is above REGENT_MAX_MESSAGE_BYTES (all its frames together), so it was not
+    sent: its receiver would drop it."""
+
+
 class ActorExit(Exception):  # noqa: N818 - a way out, like SystemExit
     """Raised by an endpoint to stop its actor. normal=False (the default) is an
     abnormal exit: the mesh's restart policy decides what happens next."""

@@ -32,11 +32,12 @@ import structlog
 import zmq
 
 from worker import _wire as wire
+from worker import schema
 from worker._wire import Kind
 from worker.errors import ProtocolError
 from worker.fencing import EpochFence, FenceStore
 from worker.security import load_credentials, regent_home, stop_authenticator
-from worker.transport import Inbox, Outbox, valid_address
+from worker.transport import Inbox, Outbox, peer_of, valid_address
 
 log = structlog.get_logger("regent.host")
 
@@ -220,12 +221,12 @@ class HostAgent:
         for frames in self.inbox.pending():
             self.last_activity = time.monotonic()
             try:
-                kind, meta, _ = wire.decode(frames)
+                kind, meta, _ = schema.HOST.decode(frames)
                 self._dispatch(kind, meta)
             except ProtocolError as e:
-                log.warning("dropped malformed message", peer=_peer(frames[0]), error=str(e))
+                log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
             except Exception:
-                log.exception("dropped message that failed to dispatch")
+                log.exception("dropped message that failed to dispatch", peer=peer_of(frames[0]))
 
     def _dispatch(self, kind: Kind, meta: dict) -> None:
         if kind is Kind.PROC_READY:
@@ -242,9 +243,7 @@ class HostAgent:
             return
         if kind is not Kind.HOST_REQ:
             raise ProtocolError(f"a host agent does not accept {kind.name}")
-        sid = wire.require(meta, "sid", str)
-        epoch = wire.require(meta, "e", int)
-        op = wire.require(meta, "op", str)
+        sid, epoch, op = meta["sid"], meta["e"], meta["op"]  # worker.schema.HostRequest
         n = meta.get("n")
         if sid in self.stopped and sid not in self.sessions:
             # Its controller ended it here: nothing to report, nothing to start again.
@@ -409,9 +408,7 @@ class HostAgent:
         return proc
 
     def _on_ready(self, meta: dict) -> None:
-        sid = wire.require(meta, "sid", str)
-        proc_id = wire.require(meta, "id", str)
-        addr = meta.get("addr")
+        sid, proc_id, addr = meta["sid"], meta["id"], meta["addr"]  # worker.schema.ProcReady
         state = self.sessions.get(sid)
         proc = state.procs.get(proc_id) if state else None
         if proc is None or not valid_address(addr):
@@ -469,11 +466,8 @@ class HostAgent:
     def _on_adopt(self, meta: dict) -> None:
         """A proc whose agent died asks this one to supervise it. The claim is checked against
         the kernel (its pidfd, its command line) before this agent will ever signal that pid."""
-        sid = wire.require(meta, "sid", str)
-        proc_id = wire.require(meta, "id", str)
-        index = wire.require(meta, "idx", int)
-        pid = wire.require(meta, "pid", int)
-        addr = meta.get("addr")
+        sid, proc_id, index, pid, addr = (meta["sid"], meta["id"], meta["idx"], meta["pid"],
+                                          meta["addr"])  # worker.schema.ProcAdopt
         if not valid_address(addr):
             raise ProtocolError(f"adoption request without a valid proc address: {addr!r}")
         n = meta.get("n")
@@ -721,13 +715,6 @@ def _is_our_proc(pid: int, sid: str, proc_id: str, index: int) -> bool:
         return False
     return (same_user and _running(pid) and "worker.proc" in args and arg("--session") == sid
             and arg("--id") == proc_id and arg("--index") == str(index))
-
-
-def _peer(frame: object) -> str:
-    try:
-        return frame.get("Peer-Address")  # type: ignore[attr-defined]
-    except Exception:
-        return "?"
 
 
 # --- finding or starting the local host agent ------------------------------------

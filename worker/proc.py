@@ -33,11 +33,12 @@ import tenacity
 import zmq
 
 from worker import _wire as wire
+from worker import schema
 from worker._wire import Kind
 from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
 from worker.classref import load_class
 from worker.dedupe import CallIdentity, DedupeCache
-from worker.errors import ActorExit, DivergenceError, ProtocolError
+from worker.errors import ActorExit, DivergenceError, MessageTooLarge, ProtocolError
 from worker.fencing import EpochFence
 from worker.host import ensure_local_host
 from worker.security import load_credentials, stop_authenticator
@@ -45,7 +46,9 @@ from worker.transport import (
     Inbox,
     Outbox,
     max_message_bytes,
+    peer_of,
     readable,
+    refuse_oversized,
     spin_budget_s,
     spin_until_readable,
     valid_address,
@@ -281,7 +284,8 @@ class ProcRuntime:
                         frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    self._handle(frames)
+                    if self.inbox.accept(frames):
+                        self._handle(frames)
                     # A batch in, a batch out: under a steady stream of calls the inbox is never
                     # empty, and replies held until it is would all arrive at the very end.
                     self._flush_out()
@@ -295,7 +299,7 @@ class ProcRuntime:
 
     def _handle(self, frames: list) -> None:
         try:
-            kind, meta, payload = wire.decode(frames)
+            kind, meta, payload = schema.PROC.decode(frames)
             if kind is Kind.BATCH:
                 subs = wire.split_batch(meta, payload)
             else:
@@ -310,7 +314,7 @@ class ProcRuntime:
             return
         for sub in subs:  # each as if it had come alone: one bad message spoils no other
             try:
-                kind, meta, payload = wire.decode_one(sub)
+                kind, meta, payload = schema.PROC.decode_one(sub)
                 self._dispatch(kind, meta, payload, frames[0])
             except ProtocolError as e:
                 self._drop(frames, e)
@@ -320,7 +324,7 @@ class ProcRuntime:
 
     def _drop(self, frames: list, e: ProtocolError) -> None:
         self.dropped += 1
-        peer = _peer_of(frames[0]) if frames else "?"
+        peer = peer_of(frames[0]) if frames else "?"
         log.warning("dropped malformed message", peer=peer, proc=self.proc_id, error=str(e))
 
     def _dispatch(self, kind: Kind, meta: dict, payload: list, head: Any) -> None:
@@ -333,9 +337,9 @@ class ProcRuntime:
                 self._reply(rt, Kind.PONG, {"id": self.proc_id, "pid": os.getpid(), "n": meta.get("n"),
                                             "cached": len(self.dedupe), "epoch": self.fence.epoch})
             return
-        if wire.require(meta, "sid", str) != self.session:
+        if meta["sid"] != self.session:  # worker.schema: CALL, SPAWN, STOP, FENCE, WATERMARK carry both
             raise ProtocolError(f"message for session {meta['sid']!r}, this proc serves {self.session!r}")
-        epoch = wire.require(meta, "e", int)
+        epoch = meta["e"]
         rt = meta.get("rt")
         if rt is not None and rt != self._rt_checked:
             if not valid_address(rt):
@@ -359,7 +363,7 @@ class ProcRuntime:
             if rt:
                 self._reply(rt, Kind.PONG, {"id": self.proc_id, "e": self.fence.epoch, "n": meta.get("n")})
         elif kind is Kind.WATERMARK:
-            self.dedupe.watermark(wire.require(meta, "dw", int), wire.require(meta, "cw", int))
+            self.dedupe.watermark(meta["dw"], meta["cw"])
         else:
             raise ProtocolError(f"a proc does not accept {kind.name}")
 
@@ -368,11 +372,8 @@ class ProcRuntime:
     def _admit(self, kind: Kind, meta: dict, rt: str | None) -> tuple[str, int, int, str] | None:
         """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point, method)
         to run. A message reusing an id for anything else is refused by the cache."""
-        seq = wire.require(meta, "s", int)
-        actor = wire.require(meta, "a", str)
-        point = wire.require(meta, "pt", int)
-        method = wire.require(meta, "m", str)
-        identity = CallIdentity(kind, method, point, wire.require(meta, "d", bytes))
+        seq, actor, point, method = meta["s"], meta["a"], meta["pt"], meta["m"]  # worker.schema.Call
+        identity = CallIdentity(kind, method, point, meta["d"])
         try:
             verdict, cached = self.dedupe.admit(seq, actor, identity, rt)
         except DivergenceError as e:
@@ -473,7 +474,10 @@ class ProcRuntime:
             return
         try:
             frames = wire.dumps(value)
-        except Exception as e:
+            if wire.payload_size(frames) > self._max_message - wire.MAX_META_BYTES:  # near the limit
+                msg = wire.encode(Kind.RESULT, self._result_meta(seq, actor, point, "ok"), frames)
+                refuse_oversized(msg, self._max_message, "the controller")
+        except Exception as e:  # MessageTooLarge too: the caller hears why, rather than nothing
             self._finish_error(seq, actor, point, e)
             return
         self._finish(seq, actor, point, "ok", frames=frames)
@@ -528,8 +532,7 @@ class ProcRuntime:
 
     def _on_restart(self, meta: dict, payload: list, rt: str | None) -> None:
         """A supervisor rebuilds an actor (new incarnation) from its original spawn arguments."""
-        actor = wire.require(meta, "a", str)
-        point = wire.require(meta, "pt", int)
+        actor, point = meta["a"], meta["pt"]
         inc = wire.require(meta, "inc", int)
         n = meta.get("n")
         old = self.actors.get(actor)
@@ -595,11 +598,17 @@ class ProcRuntime:
 
     def _transmit(self, rt: str, msg: list) -> None:
         """Send without blocking the loop; a full peer gets a backlog retried shortly."""
-        backlog = self.pending.get(rt)
-        if backlog:
-            backlog.append((time.monotonic(), msg))
+        try:
+            backlog = self.pending.get(rt)
+            if backlog:
+                refuse_oversized(msg, self._max_message, rt)
+                backlog.append((time.monotonic(), msg))
+                return
+            sent = self.outbox.peer(rt).try_send(msg)
+        except MessageTooLarge as e:  # a result too large was refused in _finish_value: not this
+            log.error("reply not sent", proc=self.proc_id, error=str(e))
             return
-        if not self.outbox.peer(rt).try_send(msg):
+        if not sent:
             self.pending[rt] = collections.deque([(time.monotonic(), msg)])
             self.loop.call_later(0.001, self._flush, rt)
 
@@ -622,13 +631,6 @@ class ProcRuntime:
             self.outbox.drop(rt)
             return
         self.loop.call_later(0.002, self._flush, rt)
-
-
-def _peer_of(frame: Any) -> str:
-    try:
-        return frame.get("Peer-Address")
-    except Exception:
-        return "?"
 
 
 def _environment_of(pid: int) -> dict[str, str]:

@@ -10,12 +10,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+import structlog
 import zmq
 
 from worker import _wire as wire
+from worker.errors import MessageTooLarge
 from worker.security import Credentials, secure_client, secure_server
+
+log = structlog.get_logger("regent.transport")
 
 HWM = 100_000
 _EVENTS = int(zmq.EVENTS)  # plain ints: the enum operators cost a microsecond per look
@@ -62,8 +67,71 @@ def spin_until_readable(sock: zmq.Socket, budget_s: float) -> bool:
 
 
 def max_message_bytes() -> int:
-    """Largest message a regent socket accepts (REGENT_MAX_MESSAGE_BYTES, default 4 GiB)."""
+    """Largest message a regent process accepts, all its frames together
+    (REGENT_MAX_MESSAGE_BYTES, default 4 GiB).
+
+    zmq's ZMQ_MAXMSGSIZE, set to the same value on every inbox, bounds each frame: a peer
+    sending a larger frame is disconnected before the frame is read. A message of many
+    frames each under it still arrives whole (zmq delivers all of a message or none of it),
+    so the receiver holds it, up to MAX_BUFFERS + 2 frames of that size, until
+    `Inbox.accept` drops it for its total."""
     return int(os.environ.get("REGENT_MAX_MESSAGE_BYTES", str(4 << 30)))
+
+
+def message_size(frames: list) -> int:
+    """Bytes of a message, every frame counted."""
+    n = 0
+    for f in frames:
+        n += len(f)  # bytes, 'B'-format memoryviews (PickleBuffer.raw) and zmq Frames
+    return n
+
+
+def peer_of(frame: object) -> str:
+    """Who sent a received frame, as the transport authenticated it (address and user)."""
+    try:
+        address = frame.get("Peer-Address")  # type: ignore[attr-defined]
+    except Exception:
+        return "?"
+    try:
+        user = frame.get("User-Id")  # type: ignore[attr-defined]
+    except Exception:
+        user = ""
+    return f"{address} (user {user})" if user else address
+
+
+def _kind_name(frames: list) -> str:
+    head = frames[0] if frames else b""
+    try:
+        return wire.Kind(head[3]).name if len(head) > 3 else "malformed"
+    except ValueError:
+        return "malformed"
+
+
+def too_large(what: str, size: int, limit: int) -> MessageTooLarge:
+    """The error for a message (`what`, sized `size`) above the message limit."""
+    return MessageTooLarge(
+        f"{what} is {size} bytes, above the {limit}-byte message limit (REGENT_MAX_MESSAGE_BYTES), "
+        "so it was not sent: its receiver would drop it. Send less at a time (split the data, or "
+        "pass a reference to where it is stored), or raise REGENT_MAX_MESSAGE_BYTES on every "
+        "process of the cluster.")
+
+
+def refuse_oversized_call(actor: str, method: str, frames: Sequence[Any], limit: int, *names: str) -> None:
+    """MessageTooLarge if a call of actor.method with these argument frames would be above
+    `limit` bytes. Its metadata is bounded from above: header, keys and ints (128 bytes) and
+    the strings in it (actor, method and `names`: session id, reply address)."""
+    size = wire.payload_size(frames)
+    if size + 4096 > limit:  # a call with less payload always fits (see Runtime.refuse_oversized_call)
+        size += 128 + sum(len(x.encode()) for x in (actor, method, *names))
+        if size > limit:
+            raise too_large(f"a call of {actor}.{method} with these arguments", size, limit)
+
+
+def refuse_oversized(frames: list, limit: int, to: str) -> None:
+    """MessageTooLarge if the message is above `limit` bytes: its receiver would drop it."""
+    size = message_size(frames)
+    if size > limit:
+        raise too_large(f"a {_kind_name(frames)} message to {to}", size, limit)
 
 
 def valid_address(addr: object) -> bool:
@@ -77,7 +145,8 @@ class Inbox:
         self.sock = ctx.socket(zmq.PULL)
         secure_server(self.sock, creds, host)
         self.sock.rcvhwm = HWM
-        self.sock.maxmsgsize = max_message_bytes()
+        self.max_message = max_message_bytes()
+        self.sock.maxmsgsize = self.max_message  # per frame: see max_message_bytes
         self.sock.linger = 0
         if port:
             self.sock.bind(f"tcp://{host}:{port}")
@@ -86,13 +155,28 @@ class Inbox:
         self.address = f"tcp://{host}:{port}"
 
     def pending(self) -> Iterator[list]:
-        """Every message already waiting, without blocking (the caller owns the socket)."""
+        """Every message already waiting and within the size limit, without blocking (the
+        caller owns the socket)."""
         sock = self.sock
         while readable(sock):  # cheaper than a zmq.Again per drain
             try:
-                yield sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            if self.accept(frames):
+                yield frames
+
+    def accept(self, frames: list) -> bool:
+        """Whether a received message is within the size limit, all frames together; one
+        that is not is logged with its peer and is to be dropped."""
+        size = 0
+        for f in frames:  # message_size, inline: once per message received
+            size += len(f)
+        if size <= self.max_message:
+            return True
+        log.warning("dropped oversized message", peer=peer_of(frames[0]), bytes=size, frames=len(frames),
+                    limit=self.max_message, setting="REGENT_MAX_MESSAGE_BYTES")
+        return False
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -123,7 +207,8 @@ class Peer:
         self.queued_since = 0.0
         self._alive: Callable[[], bool] | None = None
         self._dirty = dirty  # the owner's set of peers with something queued
-        self._batch_bytes = wire.batch_bytes(max_message_bytes())
+        self.max_message = max_message_bytes()  # what the peer accepts, as far as we know
+        self._batch_bytes = wire.batch_bytes(self.max_message)
         self.sock = ctx.socket(zmq.PUSH)
         secure_client(self.sock, creds)
         self.sock.sndhwm = HWM
@@ -135,7 +220,9 @@ class Peer:
         self.lock = threading.Lock()
 
     def send(self, frames: list, alive: Callable[[], bool] | None = None) -> None:
-        """Send, waiting while the peer's queue is full; PeerGone if alive() turns false."""
+        """Send, waiting while the peer's queue is full; PeerGone if alive() turns false,
+        MessageTooLarge (nothing sent) if the message is above the peer's limit."""
+        self._refuse_oversized(frames)
         with self.lock:
             if self._queued:
                 self._flush_locked(True)
@@ -152,7 +239,8 @@ class Peer:
                 self.sock.poll(50, zmq.POLLOUT)
 
     def try_send(self, frames: list) -> bool:
-        """Send without waiting; False if the peer's queue is full."""
+        """Send without waiting; False if the peer's queue is full. MessageTooLarge as `send`."""
+        self._refuse_oversized(frames)
         with self.lock:
             if self._queued and not self._flush_locked(False):
                 return False
@@ -162,18 +250,27 @@ class Peer:
             except zmq.Again:
                 return False
 
+    def _refuse_oversized(self, frames: list) -> None:
+        size = 0
+        for f in frames:  # message_size, inline: once per message sent
+            size += len(f)
+        if size > self.max_message:
+            refuse_oversized(frames, self.max_message, self.address)
+
     def queue(self, msg: list, alive: Callable[[], bool] | None = None) -> None:
         """Add a message to the next batch. The batch goes out when it is full or older
         than BATCH_MAX_AGE_S (checked here), or on `flush`; PeerGone if alive() turns
-        false while a full peer makes this wait."""
+        false while a full peer makes this wait; MessageTooLarge as `send`."""
         size = wire.message_bytes(msg)
+        if size + len(msg[0]) > self.max_message:
+            refuse_oversized(msg, self.max_message, self.address)
         with self.lock:
             if not wire.batchable(msg, size):
                 if self._queued:
                     self._flush_locked(True)
                 self._send_locked(msg, alive)
                 return
-            if self._queued and self._queued_bytes + size > self._batch_bytes:
+            if self._queued and self._queued_bytes + size + len(msg[0]) > self._batch_bytes:
                 self._flush_locked(True)
             now = time.monotonic()
             if not self._queued:
@@ -181,7 +278,7 @@ class Peer:
                 if self._dirty is not None:
                     self._dirty.add(self)
             self._queued.append(msg)
-            self._queued_bytes += size
+            self._queued_bytes += size + len(msg[0])  # the header too: a batch is one message
             self._alive = alive
             if (len(self._queued) >= wire.BATCH_MESSAGES
                     or self._queued_bytes >= self._batch_bytes
