@@ -46,7 +46,10 @@ def open_journal(url: str | None = None) -> Journal:
     """Open the journal at `url`: "etcd://host:port[,host:port...]" or "sqlite:///abs/path.db".
 
     None opens the embedded default, SQLite at $REGENT_HOME/journal.db (~/.regent/journal.db).
-    Raises JournalUnavailable, naming the address and what to do, if the store is unreachable.
+    Raises JournalUnavailable, naming the address and what to do, if the store is unreachable,
+    and UntrustedJournal if a SQLite file (or its -wal, -shm or directory) is another user's
+    or others can write it: replay unpickles what a journal holds. An etcd journal is
+    trusted as far as etcd authenticates its clients.
     """
     url = url or default_url()
     scheme, _, rest = url.partition("://")
