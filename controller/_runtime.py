@@ -50,7 +50,7 @@ HOST_HELLO_INTERVAL_S = 1.0
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a protocol error, e.g. a server key other than the expected one",
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused our key",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server refused our key",
 }
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, _HANDSHAKE_FAILED)
 
@@ -180,9 +180,10 @@ class Runtime:
         why = self._unproven.get(self.outbox.route_of(host))
         if why is None:
             return what
-        return (f"{what}: {why}, so nothing was sent to it. Whatever listens there does not hold "
-                "this user's regent secret ($REGENT_HOME/secret) or cluster keys: another "
-                "program may have taken the agent's port. Stop it, or start the agent again")
+        return (f"{what}: {why}, so nothing was sent to it. Whatever listens there has not proven "
+                "it holds this user's regent secret ($REGENT_HOME/secret) or the cluster keys: "
+                "another program may have taken the agent's port, or an agent started before an "
+                "upgrade still runs there. Stop it, or start the agent again")
 
     def register_host(self, host: str) -> None:
         self.hosts[host] = host
@@ -447,12 +448,14 @@ class Runtime:
                     self._unproven.pop(peer.address, None)
                     continue
                 if kind in _HANDSHAKE_FAILED:
-                    self._unproven[peer.address] = f"its authentication handshake failed ({_HANDSHAKE_FAILED[kind]})"
-                    log.warning("a peer failed the authentication handshake", peer=peer.address,
-                                detail=_HANDSHAKE_FAILED[kind])
+                    why = f"its authentication handshake failed ({_HANDSHAKE_FAILED[kind]})"
+                    if self._unproven.get(peer.address) != why:  # once, not on every reconnect
+                        log.warning("a peer failed the authentication handshake", peer=peer.address,
+                                    detail=_HANDSHAKE_FAILED[kind])
+                    self._unproven[peer.address] = why
                     continue
-                self._unproven.setdefault(peer.address, "it accepted the connection but never completed "
-                                                        "the authentication handshake")
+                self._unproven.setdefault(peer.address, "it accepted the connection but has not "
+                                                        "completed the authentication handshake")
                 seen = self._reconnects.get(id(peer), 0) + 1
                 self._reconnects[id(peer)] = seen
                 if seen > 1:

@@ -267,7 +267,7 @@ def test_a_listener_without_the_secret_never_receives_it_and_the_request_fails_c
         received = bytes(lure.received)
     assert secret not in received
     assert b"regent" not in received  # not even the PLAIN username
-    assert "does not hold this user's regent secret" in str(refused.value)
+    assert "has not proven it holds this user's regent secret" in str(refused.value)
 
 
 class _Loopback(Actor):
