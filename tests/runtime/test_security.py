@@ -270,12 +270,6 @@ def test_a_listener_without_the_secret_never_receives_it_and_the_request_fails_c
     assert "has not proven it holds this user's regent secret" in str(refused.value)
 
 
-class _Loopback(Actor):
-    @endpoint
-    def echo(self, x):
-        return x
-
-
 def test_a_takeover_never_sends_the_secret_to_the_address_a_journal_names(own_home):
     """The journal names a host agent whose port another program now holds: the standby
     sends it nothing secret, then carries on with this machine's real agent."""
@@ -295,7 +289,7 @@ def test_a_takeover_never_sends_the_secret_to_the_address_a_journal_names(own_ho
             lead.close()
         with Session("named", journal=url) as s:
             assert s.replaying
-            mesh = s.spawn_procs(per_host={"procs": 1}).spawn("echo", _Loopback)
+            mesh = s.spawn_procs(per_host={"procs": 1}).spawn("echo", Echo)
             assert mesh.echo.call_one("real").get(timeout=30) == "real"
             assert s._hosts and s._hosts[0] != lure.address
         assert lure.wait_for_handshake(), "the standby never tried the journal's address"
