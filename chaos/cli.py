@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     schedule = load_schedule(args.scenario)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="regent-chaos-"))
     os.environ.setdefault("REGENT_HOME", str(workdir / "home"))
-    Path(os.environ["REGENT_HOME"]).mkdir(parents=True, exist_ok=True)
+    Path(os.environ["REGENT_HOME"]).mkdir(parents=True, exist_ok=True, mode=0o700)
     env = {"REGENT_CHAOS_STEP_S": str(args.step_s), "REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout)}
     shape = {"steps": args.steps, "program": Path(args.program), "ttl_s": args.ttl}
     name = f"chaos-{schedule.name or Path(args.scenario).stem}-{os.getpid()}"

@@ -9,7 +9,9 @@ what a call means; core.py does.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 import select
 import threading
 import time
@@ -48,6 +50,12 @@ WATERMARK_INTERVAL_S = 0.2
 RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
 HOST_HELLO_INTERVAL_S = 1.0
+_HANDSHAKE_FAILED = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a protocol error, e.g. a server key other than the expected one",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server refused our key",
+}
+_HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, _HANDSHAKE_FAILED)
 
 
 @dataclass
@@ -103,6 +111,9 @@ class Runtime:
         # when a link comes back, and workers dedupe them.
         self._monitors: list[tuple[zmq.Socket, Peer | None]] = []
         self._reconnects: dict[int, int] = {}
+        # Peers (by routed address) that accepted a connection but have not proven they hold
+        # the secret: why, for the error of a request that they leave unanswered.
+        self._unproven: dict[str, str] = {}
         self._resend_all = False
         self._next_overdue_scan = 0.0
         self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None, on_new=self._watch)
@@ -163,7 +174,7 @@ class Runtime:
             self.flush()
             self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
             if not fut.wait(timeout):
-                raise TimeoutError(f"host agent at {host} did not answer {op!r} within {timeout:.0f} s")
+                raise TimeoutError(self._no_answer(host, op, timeout))
         finally:
             self._requests.pop(n, None)
         reply = fut.get()
@@ -177,6 +188,16 @@ class Runtime:
 
             raise DivergenceError(f"host agent at {host} refused {op!r}: {reply.get('em')}")
         return reply
+
+    def _no_answer(self, host: str, op: str, timeout: float) -> str:
+        what = f"host agent at {host} did not answer {op!r} within {timeout:.0f} s"
+        why = self._unproven.get(self.outbox.route_of(host))
+        if why is None:
+            return what
+        return (f"{what}: {why}, so nothing was sent to it. Whatever listens there has not proven "
+                "it holds this user's regent secret ($REGENT_HOME/secret) or the cluster keys: "
+                "another program may have taken the agent's port, or an agent started before an "
+                "upgrade still runs there. Stop it, or start the agent again")
 
     def register_host(self, host: str) -> None:
         self.hosts[host] = host
@@ -432,7 +453,7 @@ class Runtime:
             self._requests.pop(n, None)
 
     def _watch(self, peer: Peer) -> None:
-        mon = peer.sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+        mon = peer.sock.get_monitor_socket(zmq.EVENT_CONNECTED | _HANDSHAKE_EVENTS)
         self._monitors.append((mon, peer))
 
     def _check_links(self) -> None:
@@ -449,6 +470,19 @@ class Runtime:
                 if peer is None:  # a worker's reply link to our inbox broke
                     self._resend_all = True
                     continue
+                kind = event.get("event")
+                if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._unproven.pop(peer.address, None)
+                    continue
+                if kind in _HANDSHAKE_FAILED:
+                    why = f"its authentication handshake failed ({_HANDSHAKE_FAILED[kind]})"
+                    if self._unproven.get(peer.address) != why:  # once, not on every reconnect
+                        log.warning("a peer failed the authentication handshake", peer=peer.address,
+                                    detail=_HANDSHAKE_FAILED[kind])
+                    self._unproven[peer.address] = why
+                    continue
+                self._unproven.setdefault(peer.address, "it accepted the connection but has not "
+                                                        "completed the authentication handshake")
                 seen = self._reconnects.get(id(peer), 0) + 1
                 self._reconnects[id(peer)] = seen
                 if seen > 1:

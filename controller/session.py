@@ -351,8 +351,8 @@ class Session:
                 while reply.get("complete") is False and time.monotonic() < deadline:
                     time.sleep(0.2)
                     reply = self.runtime.host_request(host, "hello", timeout=2.0)
-            except TimeoutError:
-                log.warning("host agent from the journal did not answer", host=host)
+            except TimeoutError as e:
+                log.warning("host agent from the journal did not answer", host=host, error=str(e))
                 continue
             self.runtime.register_host(host)
             for p in reply.get("procs") or []:

@@ -13,6 +13,7 @@ from .errors import (
     JournalUnavailable,
     LeadershipLost,
     RecordTooLarge,
+    UntrustedJournal,
 )
 from .group_commit import GroupCommitWriter
 from .journal import Journal, default_url, open_journal
@@ -31,6 +32,7 @@ __all__ = [
     "Record",
     "RecordTooLarge",
     "SessionInfo",
+    "UntrustedJournal",
     "VerifyReport",
     "default_url",
     "open_journal",

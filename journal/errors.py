@@ -50,3 +50,11 @@ def repair_hint(session: str) -> str:
 
 class RecordTooLarge(JournalError, ValueError):
     """A single record is larger than the journal accepts; big values belong outside it."""
+
+
+class UntrustedJournal(JournalError, PermissionError):
+    """A journal file (or its directory) is owned by another user or writable by others.
+
+    Replay unpickles values from the journal, so such a file could run code in the
+    controller: it is refused before anything is read from it.
+    """

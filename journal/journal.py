@@ -51,7 +51,10 @@ def open_journal(url: str | None = None) -> Journal:
     plain etcd:// url uses TLS when $REGENT_ETCD_CA, _CERT or _KEY is set (see etcd_target.py).
     None opens the embedded default, SQLite at $REGENT_HOME/journal.db (~/.regent/journal.db).
     Raises JournalUnavailable, naming the address and what to do, if the store is unreachable,
-    and JournalAccessDenied if it refuses this client's certificate, user or password.
+    JournalAccessDenied if it refuses this client's certificate, user or password, and
+    UntrustedJournal if a SQLite file (or its -wal, -shm or directory) is another user's
+    or others can write it: replay unpickles what a journal holds. An etcd journal is
+    trusted as far as etcd authenticates its clients.
     """
     url = url or default_url()
     scheme, _, rest = url.partition("://")

@@ -25,7 +25,8 @@ import tenacity
 
 from .backend import Grant, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
-from .errors import JournalError, JournalUnavailable, LeadershipLost
+from .errors import JournalError, JournalUnavailable, LeadershipLost, UntrustedJournal
+from .trust import prepare_journal_file
 
 log = structlog.get_logger("journal.sqlite")
 
@@ -83,7 +84,18 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._closed = False
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Replay unpickles what the journal holds: refuse a file others could have written
+            # (UntrustedJournal), before anything is read from it.
+            prepare_journal_file(self.path)
+        except UntrustedJournal:
+            raise
+        except OSError as exc:
+            raise JournalUnavailable(
+                f"cannot open the SQLite journal at {self.path}: {exc} "
+                "(check that its directory can be created and written, or pass another "
+                "journal url such as sqlite:///tmp/regent.db)"
+            ) from exc
+        try:
             # Two controllers opening one new file at once can get "database is locked" at
             # once (SQLite skips its busy handler where waiting could deadlock): try again.
             for attempt in tenacity.Retrying(

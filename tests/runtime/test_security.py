@@ -1,14 +1,26 @@
 """Untrusted input: garbage, truncated and oversized frames, and peers without the
-cluster's CURVE keys, are refused; the proc keeps serving its real controller."""
+cluster's CURVE keys, are refused; the proc keeps serving its real controller. A home,
+secret or journal file other users could write is refused before it is read, and the
+secret goes only to peers that prove they hold it."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import zmq
 
 from controller import Session
+from controller.replay import CALL, START
+from journal import GroupCommitWriter, open_journal
+from tests.runtime.fakeagent import ListenerWithoutSecret
 from tests.runtime.rawpeer import RawPeer
 from worker import Actor, endpoint
 from worker import _wire as wire
@@ -101,3 +113,200 @@ def test_binding_beyond_loopback_requires_curve_keys(tmp_path, monkeypatch):
     finally:
         ctx.destroy(linger=0)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("10.1.2.3")
+
+
+# --- $REGENT_HOME, the journal file and the secret: private to their user ----------------
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture()
+def umask_022():
+    old = os.umask(0o022)  # the common default, under which new files were 0644
+    yield
+    os.umask(old)
+
+
+def test_a_fresh_home_is_0700_and_its_journal_wal_shm_and_secret_are_0600(tmp_path, monkeypatch, umask_022):
+    home = tmp_path / "not" / "yet" / "home"
+    monkeypatch.setenv("REGENT_HOME", str(home))
+    with Session("fresh") as s:
+        s.now()  # a durable record: the WAL and its index exist while the session runs
+        files = {name: home / name for name in ("journal.db", "journal.db-wal", "journal.db-shm", "secret")}
+        modes = {name: _mode(p) for name, p in files.items()}
+    assert _mode(home) == 0o700
+    assert modes == dict.fromkeys(files, 0o600)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770])
+def test_a_home_others_can_write_is_refused_with_the_fix(tmp_path, monkeypatch, mode):
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chmod(home, mode)
+    monkeypatch.setenv("REGENT_HOME", str(home))
+    with pytest.raises(PermissionError, match=re.escape(f"chmod 700 {home}")):
+        Session("shared-home")
+    with pytest.raises(PermissionError, match=re.escape(f"chmod 700 {home}")):
+        load_credentials()
+    assert not (home / "secret").exists()
+
+
+@root_only
+def test_a_home_another_user_owns_is_refused(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, NOBODY, NOBODY)
+    monkeypatch.setenv("REGENT_HOME", str(home))
+    with pytest.raises(PermissionError, match=f"belongs to uid {NOBODY}"):
+        Session("foreign-home")
+    with pytest.raises(PermissionError, match=f"belongs to uid {NOBODY}.*chmod 700"):
+        load_credentials()
+
+
+def test_a_home_only_others_can_read_is_made_private(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chmod(home, 0o755)
+    monkeypatch.setenv("REGENT_HOME", str(home))
+    load_credentials()
+    assert _mode(home) == 0o700 and _mode(home / "secret") == 0o600
+
+
+def test_a_secret_others_could_read_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("REGENT_HOME", str(tmp_path / "home"))
+    load_credentials()
+    secret = tmp_path / "home" / "secret"
+    os.chmod(secret, 0o644)
+    with pytest.raises(PermissionError, match=re.escape(f"rm {secret}")):
+        load_credentials()
+
+
+# A program whose side effect's journaled value runs code when unpickled: replay of a
+# journal someone else wrote would run it. Run twice: killed after journaling, then replayed.
+_PLANTED = """
+import os, signal, sys
+from controller import Session
+
+class Plant:
+    def __reduce__(self):
+        return (os.mkdir, ({marker!r},))
+
+with Session("planted", journal={url!r}) as s:
+    s.side_effect(Plant)
+    if sys.argv[1] == "first":
+        os.kill(os.getpid(), signal.SIGKILL)
+print("replayed")
+"""
+
+
+def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("tamper", [
+    "none",
+    "journal writable by others",
+    "wal writable by group",
+    pytest.param("journal owned by another user", marks=root_only),
+])
+def test_a_journal_file_others_could_write_is_refused_before_anything_is_unpickled(
+        tmp_path, monkeypatch, tamper):
+    monkeypatch.setenv("REGENT_HOME", str(tmp_path / "home"))
+    db = tmp_path / "journals" / "j.db"
+    marker = tmp_path / "the-journal-ran-code"
+    script = tmp_path / "planted.py"
+    script.write_text(_PLANTED.format(marker=str(marker), url=f"sqlite://{db}"))
+    first = _run(script, "first")
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert Path(f"{db}-wal").exists() and not marker.exists()
+    if tamper == "journal writable by others":
+        os.chmod(db, 0o666)
+    elif tamper == "wal writable by group":
+        os.chmod(f"{db}-wal", 0o660)
+    elif tamper == "journal owned by another user":
+        os.chown(db, NOBODY, NOBODY)
+    second = _run(script, "second")
+    if tamper == "none":  # the control: a journal of one's own replays, and so unpickles
+        assert second.returncode == 0 and "replayed" in second.stdout, second.stderr
+        assert marker.exists()
+        return
+    assert second.returncode != 0 and "replayed" not in second.stdout
+    assert "UntrustedJournal" in second.stderr
+    fix = f"belongs to uid {NOBODY}" if "owned" in tamper else "chmod 600"
+    assert fix in second.stderr, second.stderr
+    assert not marker.exists(), "the journal's pickle ran before the file was checked"
+
+
+def test_a_journal_in_a_directory_others_can_write_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("REGENT_HOME", str(tmp_path / "home"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # no sticky bit: anyone may replace the file
+    with pytest.raises(PermissionError, match=re.escape(f"chmod go-w {shared}")):
+        Session("shared-dir", journal=f"sqlite://{shared / 'j.db'}")
+
+
+# --- mutual authentication: the secret goes only to peers that prove they hold it --------
+
+
+def test_a_listener_without_the_secret_never_receives_it_and_the_request_fails_clearly(own_home):
+    own_home()
+    secret = load_credentials().secret
+    with ListenerWithoutSecret() as lure, Session("lure", journal="off") as s:
+        with pytest.raises(TimeoutError) as refused:
+            s.runtime.host_request(lure.address, "hello", timeout=2.0)
+        assert lure.wait_for_handshake(), "the controller never tried the listener"
+        received = bytes(lure.received)
+    assert secret not in received
+    assert b"regent" not in received  # not even the PLAIN username
+    assert "has not proven it holds this user's regent secret" in str(refused.value)
+
+
+def test_a_takeover_never_sends_the_secret_to_the_address_a_journal_names(own_home):
+    """The journal names a host agent whose port another program now holds: the standby
+    sends it nothing secret, then carries on with this machine's real agent."""
+    home = own_home()
+    secret = load_credentials().secret
+    url = f"sqlite://{home / 'journal.db'}"
+    with ListenerWithoutSecret() as lure:
+        with open_journal(url) as journal:  # what the dead primary had journaled
+            lead = journal.campaign("named", "the-old-primary")
+            writer = GroupCommitWriter(lead)
+            writer.submit(START, {"run": "r0", "ts": time.time()})
+            writer.submit(CALL, {"s": 0, "k": "this_host", "a": "this_host", "m": "this_host",
+                                 "v": lure.address})
+            writer.flush(timeout=10)
+            writer.close()
+            lead.resign()
+            lead.close()
+        with Session("named", journal=url) as s:
+            assert s.replaying
+            mesh = s.spawn_procs(per_host={"procs": 1}).spawn("echo", Echo)
+            assert mesh.echo.call_one("real").get(timeout=30) == "real"
+            assert s._hosts and s._hosts[0] != lure.address
+        assert lure.wait_for_handshake(), "the standby never tried the journal's address"
+        received = bytes(lure.received)
+    assert secret not in received
+    assert lure.mechanisms and set(lure.mechanisms) == {b"CURVE"}
+
+
+def test_a_client_without_the_secret_is_refused_on_loopback(own_home):
+    own_home()
+    with Session("intruder") as s:
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("echo", Echo)
+        stranger = RawPeer(Credentials(b"not this user's secret"))
+        try:
+            stranger.call(mesh._procs[0].address, s.sid, s.epoch, 9000, "echo", "echo", ("in",))
+            with pytest.raises(TimeoutError):
+                stranger.recv(timeout=1.0)
+        finally:
+            stranger.close()
+        _still_serves(mesh)
