@@ -25,6 +25,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.futures import Future
+from controller.recorder import OutcomePort
 from worker import _wire as wire
 from worker import schema
 from worker._wire import Kind
@@ -92,11 +93,16 @@ class Wire:
 
 
 class Runtime:
-    def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None):
+    def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None, *,
+                 outcomes: OutcomePort | None = None, lock: threading.Lock | None = None):
+        """`outcomes` journals each accepted outcome before the program sees it and says how far
+        workers may drop results (controller.recorder); `lock` guards `core` (shared with the
+        session's engine)."""
         self.session = session
         self.epoch = epoch
         self.core = core
-        self.lock = threading.Lock()  # guards core
+        self.lock = lock or threading.Lock()  # guards core
+        self.outcomes = outcomes
         self._drive = threading.Lock()  # whoever holds it reads the inbox
         self._want_lock = threading.Lock()
         self._spin_s = spin_budget_s()
@@ -127,11 +133,6 @@ class Runtime:
         self._on_proc_death: list[Callable[[ProcRef], None]] = []
         self._sent_watermark = (-1, -1)
         self.checkpoint_seq = -1
-        self.durable_through: Callable[[], int] | None = None
-        self.record_result: Callable[[PendingCall, int, Outcome], None] | None = None
-        # Sees a whole batch of replies, as received and decoded, before any is handled.
-        # Returns, per reply, the lsn of the record it was journaled in (None: not journaled).
-        self.record_batch: Callable[[list, list[tuple[Kind, dict, list]]], list[int | None] | None] | None = None
         self.fenced: str | None = None
         self.orphan_timeout_s: float | None = None
         self._io = threading.Thread(target=self._io_loop, name=f"regent-io-{session}", daemon=True)
@@ -199,19 +200,20 @@ class Runtime:
                 "another program may have taken the agent's port, or an agent started before an "
                 "upgrade still runs there. Stop it, or start the agent again")
 
-    def register_host(self, host: str) -> None:
-        self.hosts[host] = host
-
-    def ping(self, address: str, timeout: float = 2.0) -> dict | None:
+    def ask_proc(self, proc: ProcRef, kind: Kind, meta: dict, frames: list, timeout: float) -> dict | None:
+        """Send `proc` a request that is answered by id through the inbox (a supervisor's
+        restart spawn): its reply's metadata, or None after `timeout`. PeerGone if it is dead."""
         n = next(self._req_ids)
         fut: Future = Future()
         self._requests[n] = fut
         try:
-            self.flush()
-            self.outbox.peer(address).send(wire.encode(Kind.PING, {"rt": self.reply_address, "n": n}))
-            return fut.get(timeout) if fut.wait(timeout) else None
+            self.send_to_proc(proc, wire.encode(kind, {**meta, "n": n}, frames))
+            return fut.get() if fut.wait(timeout) else None
         finally:
             self._requests.pop(n, None)
+
+    def register_host(self, host: str) -> None:
+        self.hosts[host] = host
 
     def on_proc_death(self, cb: Callable[[ProcRef], None]) -> None:
         self._on_proc_death.append(cb)
@@ -326,8 +328,9 @@ class Runtime:
             except ProtocolError as e:
                 log.warning("dropped malformed message from a batch", peer=peer_of(frames[0]), error=str(e))
         lsns = None
-        if self.record_batch is not None and len(replies) == len(subs):
-            lsns = self.record_batch(frames, replies)
+        if self.outcomes is not None and len(replies) == len(subs):
+            # The whole batch, before any reply is handled: one record may journal them all.
+            lsns = self.outcomes.record_batch(frames, replies)
         for (kind, meta, payload), lsn in zip(replies, lsns or [None] * len(replies), strict=True):
             try:
                 self._handle_one(kind, meta, payload, lsn)
@@ -390,8 +393,8 @@ class Runtime:
             outcome.holder = call.wire.procs[point].id
         if not outcome.journaled:
             try:
-                if self.record_result is not None:
-                    self.record_result(call, point, outcome)
+                if self.outcomes is not None:
+                    self.outcomes.record(call, point, outcome)
             finally:
                 with self.lock:
                     self.core.recorded(call.seq)
@@ -523,8 +526,8 @@ class Runtime:
 
     def _tick(self, now: float) -> None:
         self._check_links()
-        if self.durable_through is not None:
-            through = self.durable_through()
+        if self.outcomes is not None:
+            through = self.outcomes.release_through()
         else:
             with self.lock:
                 through = self.core.releasable_through

@@ -1,18 +1,16 @@
-"""Reading a session's journal as a person, an auditor or a tool would.
+"""`regent journal replay`: a controller program run again against its journal, with no workers.
 
-- `timeline`: one readable line per record, with filters (`regent journal show`); it
-  never unpickles values (results are shown by size), so it is safe on any journal.
-- `replay_program` (`regent journal replay`): the controller program re-run against its
-  journal with no workers, reporting success or the first divergence.
-- `export_perfetto`, `export_jsonl` (`regent journal export`).
+The program runs in this process with an audit's edge installed (controller/edge.py): its
+`Session(...)` is an ordinary Session and engine, fed by an edge that opens no store, never
+campaigns, starts no host agent and opens no socket. Every call is checked against its record
+(invariant 6) and answered from it; the report is OK, the first divergence, or what the
+journal could not answer. The same path a standby replays through, with journal-only IO.
+Running the program unpickles the results it sees, as running it for real would: audit
+programs you would run.
 """
 
 from __future__ import annotations
 
-import collections
-import datetime as _dt
-import itertools
-import json
 import pickle
 import runpy
 import sys
@@ -22,111 +20,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
-from controller.core import ControllerCore, Outcome
-from controller.mesh import HostMesh, StreamSink
-from controller.replay import (
-    CALL,
-    CALLS,
-    CHECKPOINT,
-    END,
-    OBS,
-    PROCS,
-    RESULT,
-    START,
-    SUPERVISION,
-    VALUE_KINDS,
-    JournaledCall,
-    NonDeterminismError,
-    ReplayIndex,
-    describe,
-    expand,
-)
-from controller.session import Session
+from controller import edge as edges
+from controller.core import Outcome
+from controller.engine import Engine
+from controller.mesh import StreamSink
+from controller.replay import END, START, JournaledCall, NonDeterminismError, ReplayIndex, describe
 from worker.errors import RegentError
-from worker.logsetup import configure_logging
 from worker.transport import max_message_bytes, refuse_oversized_call
-
-
-@dataclass
-class Filter:
-    actor: str | None = None
-    endpoint: str | None = None
-    errors_only: bool = False
-    since: float | None = None
-    until: float | None = None
-
-
-def _when(ts: float) -> str:
-    return _dt.datetime.fromtimestamp(ts, tz=_dt.UTC).strftime("%H:%M:%S.%f")[:-3]
-
-
-def timeline(records: Iterable, flt: Filter | None = None) -> Iterator[str]:
-    """One readable line per record that passes the filter."""
-    flt = flt or Filter()
-    calls: dict[int, tuple[str, str]] = {}
-    for rec in expand(records):
-        d = rec.data
-        if rec.kind == CALL:
-            calls[d["s"]] = (d.get("a", ""), d.get("m", ""))
-        if flt.since is not None and rec.ts < flt.since or flt.until is not None and rec.ts > flt.until:
-            continue
-        actor, method = calls.get(d.get("s", -1), ("", "")) if isinstance(d, dict) else ("", "")
-        if flt.actor and actor != flt.actor or flt.endpoint and method != flt.endpoint:
-            continue
-        line = _describe(rec, actor, method)
-        if flt.errors_only and not _is_error(rec):
-            continue
-        yield f"{rec.lsn:>8}  e{rec.epoch:<6} {_when(rec.ts)}  {line}"
-
-
-def _is_error(rec) -> bool:
-    d = rec.data
-    return (rec.kind == RESULT and d.get("st") != "ok") or rec.kind == SUPERVISION or (
-        rec.kind == END and d.get("error")) or (rec.kind == OBS and d.get("w") == "timeout")
-
-
-def _describe(rec, actor: str, method: str) -> str:
-    d, k = rec.data, rec.kind
-    if k == START:
-        return f"run {d.get('run')} started"
-    if k == CALL:
-        kind = d.get("k")
-        if "v" in d and kind in ("now", "random", "this_host"):
-            return f"seq {d['s']:<6} {kind}() = {d['v']!r}"
-        if kind in ("side_effect", "resume", "checkpoint"):
-            return f"seq {d['s']:<6} {kind}()"
-        return f"seq {d['s']:<6} {kind} {d.get('a')}.{d.get('m')} -> points {d.get('pts')}"
-    if k == RESULT:
-        where = f"seq {d['s']:<6} {actor}[{d.get('pt')}].{method}"
-        if d.get("st") == "ok":
-            size = d["big"][1] if d.get("big") else sum(len(b) for b in d.get("v") or [])
-            kept = "kept by the worker" if d.get("big") else "in journal"
-            return f"{where} ok ({size} bytes, {kept})"
-        x = d.get("x") or {}
-        return f"{where} {d.get('st').upper()} {x.get('et', '')} {x.get('em', '')}".rstrip()
-    if k == OBS:
-        return f"seq {d['s']:<6} observed {d.get('w')}[{d.get('i')}] = {d.get('v')!r}"
-    if k == PROCS:
-        return f"seq {d['s']:<6} procs " + ", ".join(f"{p['id']} pid {p['pid']}" for p in d.get("procs", []))
-    if k == SUPERVISION:
-        return f"supervision {d}"
-    if k == CHECKPOINT:
-        return f"seq {d.get('s')} checkpoint"
-    if k == END:
-        return "run ended" + (f" with error {d['error']}" if d.get("error") else "")
-    return f"{k} {d}"
-
-
-# --- audit replay: the program against its journal, with no workers -------------------
-#
-# `regent journal replay` runs a controller program in this process with an audit
-# context installed. `Session(...)` inside the program then becomes an `AuditSession`
-# (the one hook in controller/session.py, at construction): it never opens the journal
-# store, campaigns, starts a host agent or creates a zmq context; every call is checked
-# against the journal (invariant 6) and answered from it. Running the program unpickles
-# the results it sees, as running it for real would: audit programs you would run.
 
 
 class AuditGap(RegentError):
@@ -154,18 +54,16 @@ class AuditContext:
     checked: int = 0
     bar: Any = None
 
+    def diverge(self, seq: int, jc: JournaledCall | None, new: dict | None) -> None:
+        """Keep the first divergence for the report's field-by-field table."""
+        old = None if jc is None else {"kind": jc.kind, "actor": jc.actor, "method": jc.method,
+                                       "digest": jc.digest, "points": jc.points}
+        self.divergence = {"seq": seq, "journaled": old, "new": new}
+
     def progress(self, seq: int) -> None:
         if self.bar is not None:
             self.bar.n = min(seq + 1, self.bar.total or seq + 1)
             self.bar.refresh()
-
-
-_active: AuditContext | None = None
-
-
-def active() -> AuditContext | None:
-    """The audit replay in progress in this process, if any (read by Session at construction)."""
-    return _active
 
 
 class _NoWrites:
@@ -206,9 +104,9 @@ class _NoRuntime:
     reply_address = ""
     fenced = None
 
-    def __init__(self, core: ControllerCore):
+    def __init__(self, core: Any, lock: threading.Lock):
         self.core = core
-        self.lock = threading.Lock()
+        self.lock = lock
         self.procs: dict = {}
         self.hosts: dict = {}
         self.checkpoint_seq = -1
@@ -277,156 +175,115 @@ class _CheckpointView:
     def close(self) -> None:
         pass
 
+class _NoLead:
+    """An audit leads nothing."""
 
-class AuditSession(Session):
-    """A Session answered entirely from a recorded journal (see `replay_program`)."""
+    def checkpoint(self, data: dict, *, lsn: int | None = None) -> None:
+        raise AuditGap("the program tried to store a new checkpoint: an audit only reads")
 
-    def __init__(self, name: str, journal: str | None = None, **_: Any):
-        ctx = _active
-        assert ctx is not None, "AuditSession exists only inside an audit replay"
+
+class AuditEdge:
+    """The journal-only edge a program's Session gets inside an audit (see the module docstring)."""
+
+    audit = True
+    journaled = False  # nothing an audit sees is to be written
+    holder = "audit"
+    waited = False
+    role = "audit"
+
+    def __init__(self, ctx: AuditContext, name: str, journal: str | None = None):
         if name != ctx.session:
             raise AuditGap(f"the program opened session {name!r}, but this audit replays {ctx.session!r}: "
                            "pass the program the arguments it ran with (after --)")
         if ctx.index.run is None:
             raise AuditGap(f"the journal holds no run of session {name!r}")
-        configure_logging(only_if_unconfigured=True)
-        self._ctx = ctx
+        self.ctx = ctx
         self.name = name
         self.journal = _CheckpointView(ctx)
         self.journal_url = ctx.url
-        self.holder = "audit"
-        self.waited = False
-        self.lead = None
+        self.lead = _NoLead()
         self.takeover_at = time.monotonic()
         self.epoch = ctx.index.epochs[-1] if ctx.index.epochs else 0
-        self._replay = ctx.index
+        self.replay = ctx.index
         self.run_id = ctx.index.run
         self.sid = f"{name}.{self.run_id}"
+
+    def connect(self, core: Any, lock: threading.Lock, outcomes: Any, on_failure: Callable,
+                on_lost: Callable[[str], None]) -> None:
         self.writer = _NoWrites()
-        self._collect_call = self.writer.collector(CALLS)
-        self.replaying = True  # for the whole audit: s.log stays quiet
-        self.core = ControllerCore(self.sid)
-        self._marks = collections.deque()
-        self._safe_through = -1
-        self.runtime = _NoRuntime(self.core)
-        self._no_journal = False
-        self._get_hook = self._get
-        self._flush_hook = self.runtime.flush
-        self._decode_hook = self._decode
-        self._observed_lsn = -1  # every outcome comes from the journal
-        self._observed_ticket = 0
-        self._collected_marks = collections.deque()
-        self._supervisor = _NoSupervisor()
-        self._hosts = []
-        self._actor_names = set()
-        self._choose_rr = itertools.count()
-        self._timeouts = {}
-        self._resumed = False
-        self._closed = False
-        self._lost = None
-        self.stats = {"replayed": 0, "resent": 0, "live": 0}
-        self._log = structlog.get_logger("regent.program").bind(session=name)
+        outcomes.use(self.writer)
+        self.runtime = _NoRuntime(core, lock)
+        self.supervisor = _NoSupervisor()
 
-    @property
-    def role(self) -> str:
-        return "audit"
+    def live(self, engine: Engine | None = None) -> None:
+        """An audit never goes live: past the journal's end it stops (match)."""
 
-    def close(self, error: BaseException | None = None) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if error is None:
-            following = [s for s in self._replay.calls if s >= self.core.next_seq]
-            if following:
-                seq = min(following)
-                jc = self._replay.calls[seq]
-                self._diverge(seq, jc, None)
-                raise NonDeterminismError(seq, jc.describe(), "no further call: the program ended")
-
-    def _issue(self, procs: list | None = None, ranks: Iterable[int] = (), *, self_durable: bool = False) -> int:
-        seq = self.core.issue()  # nothing is written: there is nothing to wait for
-        self._ctx.progress(seq)
-        return seq
-
-    def _end_replay(self) -> None:
-        pass
-
-    def _journaled(self, seq: int, kind: str, actor: str = "", method: str = "", digest: bytes = b"",
-                   points: Any = None) -> JournaledCall | None:
-        jc = self._replay.calls.get(seq)
+    def match(self, engine: Engine, seq: int, kind: str, actor: str, method: str, digest: bytes,
+              points: Any) -> JournaledCall | None:
+        ctx = self.ctx
+        ctx.progress(seq)
+        jc = ctx.index.calls.get(seq)
         new = {"kind": kind, "actor": actor, "method": method, "digest": digest,
                "points": None if points is None else list(points)}
         if jc is None:
-            if self._replay.ended:
-                self._diverge(seq, None, new)
-                raise NonDeterminismError(seq, f"no call: the recorded run ended after seq {self._replay.max_seq}",
+            if ctx.index.ended:
+                ctx.diverge(seq, None, new)
+                raise NonDeterminismError(seq, f"no call: the recorded run ended after seq {ctx.index.max_seq}",
                                           describe(kind, actor, method, digest, points or ()))
             raise AuditComplete(seq)
         try:
-            found = self._replay.check(seq, kind, actor, method, digest, points)
+            found = engine.match(seq, kind, actor, method, digest, points)
         except NonDeterminismError:
-            self._diverge(seq, jc, new)
+            ctx.diverge(seq, jc, new)
             raise
-        self._ctx.checked += 1
+        ctx.checked += 1
         return found
 
-    def _diverge(self, seq: int, jc: JournaledCall | None, new: dict | None) -> None:
-        old = None if jc is None else {"kind": jc.kind, "actor": jc.actor, "method": jc.method,
-                                       "digest": jc.digest, "points": jc.points}
-        self._ctx.divergence = {"seq": seq, "journaled": old, "new": new}
+    def attach_host(self, host: str) -> str:
+        return host
 
-    def this_host(self) -> Any:
-        if not self._hosts:
-            self._hosts.append(self._value("this_host", _no_host))
-        return HostMesh(self, list(self._hosts))
+    @staticmethod
+    def local_host() -> str:
+        raise AuditGap("the program asked for this host, and the journal does not say which it was")
 
-    def _send(self, call: Any, proc: Any, rank: int, msg: list) -> None:
-        reason = f"seq {call.seq} {call.actor}[{rank}].{call.method}: no result in the journal"
-        res = self._replay.calls[call.seq].results.get(rank)
-        if res is not None and res.get("big"):
-            reason += f" (a {res['big'][1]}-byte result, kept by the worker until the next checkpoint)"
-        self._ctx.gaps.append(reason)
-        if isinstance(call.sink, StreamSink):
-            raise AuditGap(reason)
-
-    def resume(self, default: Any) -> Any:
-        if self._resumed:
-            raise RuntimeError("resume() may be called once per session")
-        self._resumed = True
-        seq = self._issue()
-        self._journaled(seq, "resume", "resume", "resume")
-        with self.runtime.lock:
-            self.core.finished(seq)
-        ckpt = self._ctx.checkpoint
-        data = ckpt["data"] if ckpt else None
-        if not data or data.get("run") != self.run_id or data["seq"] <= seq:
-            return default
-        if all(s in self._replay.calls for s in range(seq + 1, data["seq"] + 1)):
+    def resume_from(self, seq: int, data: dict) -> bool:
+        if all(s in self.replay.calls for s in range(seq + 1, data["seq"] + 1)):
             # Nothing compacted: check every call, and the checkpointed state on the way.
-            self._ctx.mode = "from the start of the run (nothing compacted)"
-            return default
-        self._ctx.mode = f"from the checkpoint at seq {data['seq']} (earlier calls were compacted)"
-        with self.runtime.lock:
-            for s in range(self.core.next_seq, data["seq"] + 1):
-                self.core.finished(s)
-            self.core.next_seq = data["seq"] + 1
-        return pickle.loads(data["state"])
+            self.ctx.mode = "from the start of the run (nothing compacted)"
+            return False
+        self.ctx.mode = f"from the checkpoint at seq {data['seq']} (earlier calls were compacted)"
+        return True
 
-    def checkpoint(self, state: Any) -> None:
-        seq = self.core.next_seq
-        super().checkpoint(state)
-        ckpt = self._ctx.checkpoint
+    def replayed_checkpoint(self, seq: int, state: Any) -> None:
+        ckpt = self.ctx.checkpoint
         data = ckpt["data"] if ckpt else None
         if data and data.get("run") == self.run_id and data["seq"] == seq:
             recorded = pickle.loads(data["state"])
             if recorded != state:
-                self._ctx.divergence = {"seq": seq, "journaled": {"state": recorded}, "new": {"state": state}}
+                self.ctx.divergence = {"seq": seq, "journaled": {"state": recorded}, "new": {"state": state}}
                 raise NonDeterminismError(seq, f"checkpoint(state) with state {_short(recorded)}",
                                           f"checkpoint(state) with state {_short(state)}")
 
+    def unanswered(self, call: Any, rank: int) -> bool:
+        """A call the journal cannot answer: a gap (the program may never wait for it)."""
+        reason = f"seq {call.seq} {call.actor}[{rank}].{call.method}: no result in the journal"
+        res = self.replay.calls[call.seq].results.get(rank)
+        if res is not None and res.get("big"):
+            reason += f" (a {res['big'][1]}-byte result, kept by the worker until the next checkpoint)"
+        self.ctx.gaps.append(reason)
+        if isinstance(call.sink, StreamSink):
+            raise AuditGap(reason)
+        return False
 
-def _no_host() -> str:
-    raise AuditGap("the program asked for this host, and the journal does not say which it was")
+    def finish(self, session: Any, error: BaseException | None) -> None:
+        """The program closed its session: without an error it must have made every call."""
+        if error is None:
+            following = [s for s in self.replay.calls if s >= session.core.next_seq]
+            if following:
+                seq = min(following)
+                jc = self.replay.calls[seq]
+                self.ctx.diverge(seq, jc, None)
+                raise NonDeterminismError(seq, jc.describe(), "no further call: the program ended")
 
 
 def _short(value: Any, limit: int = 300) -> str:
@@ -481,7 +338,6 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
     records: the session's journal records (read beforehand: the replay itself touches no
     store). Returns a report: OK, the first divergence, or what the journal could not answer.
     """
-    global _active
     from tqdm import tqdm
 
     ending: list[dict] = []  # the run's end record: how it ended
@@ -501,10 +357,10 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
                    leave=False)
     old_argv = sys.argv
     sys.argv = [program, *argv]
-    _active = ctx
     error: BaseException | None = None
     try:
-        runpy.run_path(program, run_name="__main__")
+        with edges.installed(lambda name, journal: AuditEdge(ctx, name, journal)):
+            runpy.run_path(program, run_name="__main__")
         ok, outcome = True, f"the program made every call the journal records, in order, through seq {index.max_seq}"
     except AuditComplete as e:
         ok, outcome = True, (f"the program matched every recorded call (seq 0..{e.seq - 1}) and went on past the "
@@ -524,7 +380,6 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
         else:
             ok, outcome = False, f"the program raised {type(e).__name__}: {e}"
     finally:
-        _active = None
         sys.argv = old_argv
         ctx.bar.close()
     return AuditReport(session, program, ok, outcome, ctx.checked, ctx.mode, ctx.divergence, ctx.gaps, error)
@@ -533,126 +388,3 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
 def _no_bar(progress: bool | None) -> bool | None:
     return None if progress is None else not progress
 
-
-# --- export: Chrome trace events (ui.perfetto.dev) and JSON lines ---------------------
-
-
-def export_jsonl(records: Iterable) -> Iterator[str]:
-    """One JSON object per record: lsn, epoch, ts, kind and the record's fields (bytes as
-    {"bytes": n, "hex": first 32 bytes}). CALLS and RESULTS records are unpacked (replay.expand)."""
-    for rec in expand(records):
-        yield json.dumps({"lsn": rec.lsn, "epoch": rec.epoch, "ts": rec.ts, "kind": rec.kind,
-                          **{k: _plain(v) for k, v in rec.data.items()}}, sort_keys=False)
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, bytes | bytearray | memoryview):
-        b = bytes(v)
-        return {"bytes": len(b), "hex": b[:32].hex()}
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    return v
-
-
-def export_perfetto(records: Iterable, session: str = "") -> dict:
-    """The session as Chrome trace events: a process per actor mesh with a thread (track)
-    per actor, a span per call from its call record to its result record, and instant
-    markers for failovers (epoch changes), supervision events and checkpoints.
-
-    A span starts no earlier than the end of the previous one on its track: an actor runs
-    one message at a time, and the trace format wants the slices of a track to nest.
-    """
-    events: list[dict] = []
-    pids: dict[str, int] = {}
-    tids: dict[tuple[int, str], int] = {}
-    open_calls: dict[int, dict] = {}
-    track_end: dict[tuple[int, int], float] = {}
-    t0: float | None = None
-    epoch: int | None = None
-    last_ts = 0.0
-
-    def us(ts: float) -> float:
-        return round((ts - t0) * 1e6, 3)
-
-    def track(mesh: str, name: str) -> tuple[int, int]:
-        if mesh not in pids:
-            pids[mesh] = len(pids) + 1
-            events.append({"ph": "M", "name": "process_name", "pid": pids[mesh], "tid": 0,
-                           "args": {"name": mesh}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": pids[mesh], "tid": 0,
-                           "args": {"sort_index": pids[mesh]}})
-        pid = pids[mesh]
-        if (pid, name) not in tids:
-            tids[(pid, name)] = len([k for k in tids if k[0] == pid]) + 1
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[(pid, name)],
-                           "args": {"name": name}})
-        return pid, tids[(pid, name)]
-
-    ctl = track("controller", "program")
-    markers = track("controller", "failovers, restarts, checkpoints")
-    for rec in expand(records):
-        d = rec.data
-        if t0 is None:
-            t0 = rec.ts
-        last_ts = max(last_ts, rec.ts)
-        if epoch is not None and rec.epoch != epoch:
-            events.append({"ph": "i", "s": "g", "name": f"failover: epoch {epoch} -> {rec.epoch}",
-                           "cat": "failover", "ts": us(rec.ts), "pid": markers[0], "tid": markers[1],
-                           "args": {"from_epoch": epoch, "to_epoch": rec.epoch, "lsn": rec.lsn}})
-        epoch = rec.epoch
-        if rec.kind == START:
-            events.append({"ph": "i", "s": "g", "name": f"run {d.get('run')} starts", "cat": "run",
-                           "ts": us(rec.ts), "pid": markers[0], "tid": markers[1], "args": {"lsn": rec.lsn}})
-        elif rec.kind == CALL:
-            kind = d.get("k")
-            if kind == "checkpoint":
-                events.append({"ph": "i", "s": "g", "name": f"checkpoint (seq {d['s']})", "cat": "checkpoint",
-                               "ts": us(rec.ts), "pid": markers[0], "tid": markers[1],
-                               "args": {"seq": d["s"], "lsn": rec.lsn}})
-            elif kind in VALUE_KINDS or not d.get("a"):
-                events.append({"ph": "i", "s": "t", "name": f"{kind}()" if kind in VALUE_KINDS else kind,
-                               "cat": "value", "ts": us(rec.ts), "pid": ctl[0], "tid": ctl[1],
-                               "args": {"seq": d["s"]}})
-            else:
-                open_calls[d["s"]] = {"ts": rec.ts, "a": d["a"], "m": d.get("m"), "k": kind,
-                                      "pts": d.get("pts") or [], "epoch": rec.epoch}
-        elif rec.kind == RESULT:
-            call = open_calls.get(d["s"])
-            if call is None:
-                continue
-            pid, tid = track(call["a"], f"{call['a']}[{d['pt']}]")
-            _span(events, track_end, pid, tid, call, d["s"], us(call["ts"]), us(rec.ts), d.get("st"),
-                  (d.get("x") or {}).get("em"))
-            call.setdefault("done", set()).add(d["pt"])
-        elif rec.kind == SUPERVISION:
-            where = f"{d.get('mesh')}[{d.get('rank')}]" if d.get("mesh") is not None else None
-            pid, tid = track(d["mesh"], where) if where else markers
-            events.append({"ph": "i", "s": "t" if where else "g", "name": f"supervision: {d.get('ev')}",
-                           "cat": "restart", "ts": us(rec.ts), "pid": pid, "tid": tid,
-                           "args": {k: _plain(v) for k, v in d.items()}})
-        elif rec.kind == END:
-            events.append({"ph": "i", "s": "g", "name": "run ends" + (" with an error" if d.get("error") else ""),
-                           "cat": "run", "ts": us(rec.ts), "pid": markers[0], "tid": markers[1],
-                           "args": {"error": d.get("error")}})
-    # Calls with points that never answered (in flight at the end) run to the end of the trace.
-    for seq, call in open_calls.items():
-        for pt in call["pts"]:
-            if pt not in call.get("done", ()):
-                pid, tid = track(call["a"], f"{call['a']}[{pt}]")
-                _span(events, track_end, pid, tid, call, seq, us(call["ts"]), us(last_ts), "no result", None)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"session": session, "exported_by": "regent journal export"}}
-
-
-def _span(events: list, track_end: dict, pid: int, tid: int, call: dict, seq: int, start: float, end: float,
-          status: str | None, error: str | None) -> None:
-    begin = max(start, track_end.get((pid, tid), start))
-    end = max(end, begin)
-    track_end[(pid, tid)] = end
-    args = {"seq": seq, "adverb": call["k"], "status": status, "issued_at_us": start, "epoch": call["epoch"]}
-    if error:
-        args["error"] = error
-    events.append({"ph": "X", "name": call["m"], "cat": "call", "ts": begin, "dur": round(end - begin, 3),
-                   "pid": pid, "tid": tid, "args": args})

@@ -82,7 +82,7 @@ def _open(args: argparse.Namespace):
 
 
 def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
-    from controller.audit import Filter, timeline
+    from controller.timeline import Filter, timeline
 
     j = _open(args)
     try:
@@ -146,7 +146,7 @@ def _with_bar(records, j, session: str, what: str):
 def _export(j, args: argparse.Namespace) -> int:
     import json
 
-    from controller.audit import export_jsonl, export_perfetto
+    from controller.export import export_jsonl, export_perfetto
 
     records = _with_bar(j.read(args.session), j, args.session, f"exporting {args.session}")
     out = open(args.output, "w") if args.output and args.output != "-" else sys.stdout

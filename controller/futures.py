@@ -36,6 +36,12 @@ class Future(Generic[T]):
         self.lsn = -1  # the journal position of the outcome it holds, once known (-1: none)
         self.holders: Any = ()  # the proc processes (ProcRef.id) whose caches hold that outcome
 
+    def attach(self, tag: Any, on_get: Callable[[Future, float | None], None] | None,
+               on_wait: Callable[[], None] | None) -> None:
+        """Bind the future to its call: `on_get(fut, timeout)` runs in `get` (journaled deadlines),
+        `on_wait()` before a wait blocks (send the queued call first)."""
+        self.tag, self._on_get, self._on_wait = tag, on_get, on_wait
+
     def done(self) -> bool:
         return self._value is not _PENDING or self._exc is not None
 

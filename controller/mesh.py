@@ -79,7 +79,7 @@ class HostMesh:
 
     def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
         """Start procs on every host: per_host={"procs": N} (or {"gpus": N}, one GPU each)."""
-        return self._session._spawn_procs(self._hosts, dict(per_host or {"procs": 1}))
+        return self._session._lifecycle.spawn_procs(self._hosts, dict(per_host or {"procs": 1}))
 
 
 class ProcMesh:
@@ -109,10 +109,10 @@ class ProcMesh:
         restart: a `RestartPolicy` (or "permanent" / "transient" / "temporary") to have
         the mesh supervised; None leaves failed actors failed.
         """
-        return self._session._spawn_actors(self, name, actor_class, args, kwargs, restart)
+        return self._session._lifecycle.spawn_actors(self, name, actor_class, args, kwargs, restart)
 
     def stop(self) -> None:
-        self._session._stop_procs(self)
+        self._session._lifecycle.stop_procs(self)
 
     def init_process_group(self, backend: str = "auto", timeout_s: float = 300.0) -> str:
         """Join this mesh's procs to one torch.distributed process group; returns the backend.
@@ -124,7 +124,7 @@ class ProcMesh:
         ordinary journaled calls to a system actor (`worker.system.ProcGroup`), so a
         standby replays them and the procs, already in the group, are not asked twice.
         """
-        taken = sum(1 for a in self._session._actor_names if a.startswith(_PROC_GROUP_PREFIX))
+        taken = sum(1 for a in self._session._lifecycle.actor_names if a.startswith(_PROC_GROUP_PREFIX))
         group = self.spawn(f"{_PROC_GROUP_PREFIX}{taken}", ProcGroup, len(self))
         master_addr = _host_of(self.procs()[0].address)
         rank0 = group.slice(**dict.fromkeys(group.dims, 0))
@@ -169,7 +169,7 @@ class ActorMesh:
         return ActorMesh(self._session, self._name, self._class, self._procs, self._root_dims, self._view.slice(**sel))
 
     def stop(self) -> None:
-        self._session._stop_actors(self)
+        self._session._lifecycle.stop_actors(self)
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from controller.futures import Future
-from worker import _wire as wire
 from worker._wire import Kind
 from worker.errors import SupervisionError
 from worker.supervision import MeshSupervisor, RestartPolicy
@@ -189,22 +187,16 @@ class Supervisor:
 
     def _spawn(self, state: MeshState, rank: int, incarnation: int) -> None:
         proc = state.procs[rank]
-        n = next(self.runtime._req_ids)
-        fut: Future = Future()
-        self.runtime._requests[n] = fut
         meta = {"sid": self.sid, "e": self.runtime.epoch, "s": -1, "a": state.name, "m": "__init__",
-                "d": b"", "rt": self.runtime.reply_address, "pt": rank, "co": state.coords[rank],
-                "restart": True, "inc": incarnation, "n": n}
+                "d": b"", "rt": self.runtime.reply_address, "pt": rank, **state.coords[rank],
+                "restart": True, "inc": incarnation}
+        timeout = state.supervisor.policy.restart_timeout_s
         try:
-            self.runtime.send_to_proc(proc, wire.encode(Kind.SPAWN, meta, state.frames))
-            timeout = state.supervisor.policy.restart_timeout_s
-            if not fut.wait(timeout):
-                raise SupervisionError(f"{state.name}[{rank}] restart got no answer within {timeout:g} s")
+            reply = self.runtime.ask_proc(proc, Kind.SPAWN, meta, state.frames, timeout)
         except PeerGone as e:
             raise SupervisionError(f"{state.name}[{rank}] restart failed: {e}") from None
-        finally:
-            self.runtime._requests.pop(n, None)
-        reply = fut.get()
+        if reply is None:
+            raise SupervisionError(f"{state.name}[{rank}] restart got no answer within {timeout:g} s")
         if reply.get("st") != "ok":
             raise SupervisionError(
                 f"{state.name}[{rank}].__init__ raised {reply.get('et')}: {reply.get('em')} (incarnation {incarnation})")

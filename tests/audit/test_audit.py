@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from controller.audit import export_jsonl, export_perfetto, replay_program
+from controller.audit import replay_program
+from controller.export import export_jsonl, export_perfetto
 from controller.replay import expand
 from journal import Record, open_journal
 from tests.failover.harness import Cluster

@@ -11,8 +11,9 @@ import time
 
 from chaos.checker import run_records
 from controller import Session
-from controller.audit import export_jsonl, timeline
+from controller.export import export_jsonl
 from controller.replay import CALL, CALLS, RESULT, RESULTS, ReplayIndex, expand
+from controller.timeline import timeline
 from journal import open_journal
 from tests.runtime.rawpeer import RawPeer
 from worker import Actor, endpoint

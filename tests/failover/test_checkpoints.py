@@ -103,13 +103,13 @@ def test_the_watermark_reads_its_marks_while_replies_add_more(tmp_path):
 
     with Session("watermark-marks", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
         never = 1 << 62  # marks that are never durable: the deque only grows
-        s._marks.extend((seq, never) for seq in range(20_000))
+        s._engine.releases.marks.extend((seq, never) for seq in range(20_000))
         stop = threading.Event()
 
         def add() -> None:
             seq = 20_000
             while not stop.is_set():
-                s._marks.append((seq, never))
+                s._engine.releases.marks.append((seq, never))
                 seq += 1
 
         adder = threading.Thread(target=add)
@@ -117,7 +117,7 @@ def test_the_watermark_reads_its_marks_while_replies_add_more(tmp_path):
         try:
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:
-                assert s._durable_through() == -1
+                assert s._recorder.release_through() == -1
         finally:
             stop.set()
             adder.join()

@@ -291,7 +291,7 @@ def test_a_takeover_never_sends_the_secret_to_the_address_a_journal_names(own_ho
             assert s.replaying
             mesh = s.spawn_procs(per_host={"procs": 1}).spawn("echo", Echo)
             assert mesh.echo.call_one("real").get(timeout=30) == "real"
-            assert s._hosts and s._hosts[0] != lure.address
+            assert s._lifecycle.hosts and s._lifecycle.hosts[0] != lure.address
         assert lure.wait_for_handshake(), "the standby never tried the journal's address"
         received = bytes(lure.received)
     assert secret not in received

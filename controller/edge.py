@@ -1,0 +1,288 @@
+"""A session's edge: everything a Session drives that is not a decision.
+
+The engine (controller/engine.py) decides; an edge does the IO: the journal store and its
+leadership, the group-commit writer, the runtime's sockets, the supervisor's restarts. Two
+edges exist. `LiveEdge` is a real session's (a primary, or a standby that took over).
+An audit (`regent journal replay`, controller/audit.py) installs a journal-only edge, so a
+program's `Session(...)` replays against its records with no store, socket or host agent:
+standby replay and audit replay are the same Session and engine, fed by different edges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import gc
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import structlog
+
+from controller._runtime import ProcRef, Runtime
+from controller.ephemeral import NoJournal, NoWriter
+from controller.replay import START, SUPERVISION, ReplayIndex
+from controller.supervisor import Supervisor
+from journal import GroupCommitWriter, open_journal
+from worker.dedupe import LARGE_RESULT_BYTES
+from worker.host import ensure_local_host
+
+log = structlog.get_logger("regent.session")
+
+DEFAULT_LEASE_TTL_S = 2.0
+# How long a journal record nobody waits for may wait for company (group commit). Records a
+# program must see durable first are written at once; the rest (call records, plain results)
+# lose nothing by waiting: a takeover sends an unjournaled call again and the worker dedupes it.
+JOURNAL_LINGER_S = 0.05
+# How long a new leader waits for a restarted host agent to finish adopting its procs.
+ADOPTION_WAIT_S = 8.0
+
+
+# Values up to this size are journaled in full; larger ones as a digest (workers keep them until
+# the next checkpoint). REGENT_JOURNAL_VALUE_BYTES may raise it, never lower it: workers drop a
+# result below LARGE_RESULT_BYTES once it is durable, so it must be in the journal whole.
+MAX_JOURNAL_VALUE_BYTES = 960 * 1024  # under journal.MAX_RECORD_BYTES, with room for the record
+
+
+def journal_value_limit() -> int:
+    """The largest result journaled in full ($REGENT_JOURNAL_VALUE_BYTES, checked)."""
+    raw = os.environ.get("REGENT_JOURNAL_VALUE_BYTES")
+    if not raw:
+        return LARGE_RESULT_BYTES
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = -1
+    if not LARGE_RESULT_BYTES <= limit <= MAX_JOURNAL_VALUE_BYTES:
+        raise ValueError(f"REGENT_JOURNAL_VALUE_BYTES={raw!r} must be an int from {LARGE_RESULT_BYTES} "
+                         f"to {MAX_JOURNAL_VALUE_BYTES} (bytes of a result journaled in full)")
+    return limit
+
+
+class JournalWriter(Protocol):
+    """What a session writes its records through (GroupCommitWriter, NoWriter, an audit's)."""
+
+    durable_lsn: int
+
+    def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int: ...
+    def collector(self, kind: str) -> Callable[[Any], None]: ...
+    def ticket(self) -> int: ...
+    def bound(self, ticket: int) -> int | None: ...
+    def seal(self) -> int: ...
+    def wait_durable(self, lsn: int, timeout: float | None = None) -> None: ...
+    def flush(self, timeout: float | None = None) -> int: ...
+    def close(self) -> None: ...
+
+
+class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
+    """SIGTERM asked this primary to step down: it hands leadership to a standby at once,
+    leaving workers and the run as they are."""
+
+
+def _raise_handoff(signum: int, frame: object) -> None:
+    raise Handoff("SIGTERM: handing the session over to a standby")
+
+
+class RunFinished(SystemExit):
+    """A standby's primary finished the run: the standby has nothing to do (exit status 0)."""
+
+    def __init__(self, message: str):
+        super().__init__(0)
+        self.message = message
+        sys.stderr.write(message + "\n")
+
+
+def sys_path() -> list[str]:
+    cwd = os.getcwd()
+    return [p or cwd for p in sys.path]
+
+
+class LiveEdge:
+    """A real session's IO: it campaigns, reads the journal, writes it, and talks to workers."""
+
+    role_name = ""  # "primary" or "standby-took-over", from `waited`
+    audit = False
+
+    def __init__(self, name: str, journal: str | None, *, lease_ttl_s: float | None = None,
+                 campaign_timeout: float | None = None, links: Any = None,
+                 orphan_timeout_s: float | None = None):
+        self.name = name
+        ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))
+        self.journal = NoJournal() if journal == "off" else open_journal(journal)
+        self.journal_url = self.journal.url
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.waited = False
+        self.lead = self.journal.campaign(name, self.holder, ttl_s=ttl, timeout=campaign_timeout,
+                                          on_waiting=self._on_waiting)
+        self.takeover_at = time.monotonic()
+        self.epoch = self.lead.epoch
+        try:
+            previous = ReplayIndex(self.journal.read(name))
+        except BaseException:
+            self.journal.close()  # resigns: a damaged journal must not stay led by a dead Session
+            raise
+        if self.waited and previous.ended:
+            # The primary this process stood by for finished the run: there is nothing to
+            # take over, and starting the program again would run every call a second time.
+            self.lead.resign()
+            self.lead.close()
+            self.journal.close()
+            raise RunFinished(f"session {name!r}: the run this standby waited on ({previous.run}) has "
+                              "finished; exiting without running it again")
+        resuming = previous.run is not None and not previous.ended
+        self.replay: ReplayIndex | None = previous if resuming else None
+        self.run_id = previous.run if resuming else secrets.token_hex(4)
+        self.sid = f"{name}.{self.run_id}"
+        self.journaled = journal != "off"
+        self._links = links
+        self._orphan_timeout_s = orphan_timeout_s
+        self._gc_frozen = False
+
+    def _on_waiting(self) -> None:
+        self.waited = True
+        log.info("standing by: another controller leads this session", session=self.name)
+
+    @property
+    def role(self) -> str:
+        return "standby-took-over" if self.waited else "primary"
+
+    def connect(self, core: Any, lock: threading.Lock, outcomes: Any, on_failure: Callable,
+                on_lost: Callable[[str], None]) -> None:
+        """Start the writer, the runtime and the supervisor; a takeover fences the workers."""
+        self.writer: JournalWriter = GroupCommitWriter(
+            self.lead, max_delay_s=JOURNAL_LINGER_S, on_failure=on_failure) if self.journaled else NoWriter()
+        if self.replay is None:
+            self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
+        outcomes.use(self.writer)
+        self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, lock=lock)
+        self.runtime.orphan_timeout_s = self._orphan_timeout_s
+        self.supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
+                                     sys_path())
+        self.lead.on_lost(on_lost)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _raise_handoff)
+        if self.replay is not None:
+            self._fence_known_workers()
+            # The replay index lives until replay ends: tens of thousands of objects the cyclic
+            # GC would rescan again and again while the program replays. Kept out of its scans
+            # until then, unless the program froze objects itself (its unfreeze is its own).
+            if self.replay.max_seq >= 0 and gc.isenabled() and gc.get_freeze_count() == 0:
+                gc.freeze()
+                self._gc_frozen = True
+
+    def live(self, engine: Any = None) -> None:
+        """Replay is over (or the session closes): give back to the cyclic GC what was frozen
+        for it."""
+        if engine is not None:
+            log.info("replay complete; now live", session=self.name, seq=engine.core.next_seq - 1,
+                     replayed=engine.stats["replayed"], resent=engine.stats["resent"],
+                     takeover_s=round(time.monotonic() - self.takeover_at, 3))
+        if self._gc_frozen:
+            self._gc_frozen = False
+            gc.unfreeze()
+
+    def _fence_known_workers(self) -> None:
+        """Before anything else, raise every known worker's epoch to ours (invariant 5)."""
+        hosts = {jc.value for jc in self.replay.calls.values() if jc.kind == "this_host"}
+        runtime = self.runtime
+        for host in sorted(h for h in hosts if isinstance(h, str)):
+            try:
+                reply = runtime.host_request(host, "hello", timeout=2.0)
+                # A restarted agent is still adopting the procs that outlived its
+                # predecessor: wait for its list to be complete (bounded), or procs on
+                # their way would be taken for dead and restarted.
+                deadline = time.monotonic() + ADOPTION_WAIT_S
+                while reply.get("complete") is False and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    reply = runtime.host_request(host, "hello", timeout=2.0)
+            except TimeoutError as e:
+                log.warning("host agent from the journal did not answer", host=host, error=str(e))
+                continue
+            runtime.register_host(host)
+            for p in reply.get("procs") or []:
+                if p.get("alive") and p.get("addr"):
+                    ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], host)
+                    runtime.procs[ref.id] = ref
+        runtime.fence_procs(list(runtime.procs.values()))
+
+    def attach_host(self, host: str) -> str:
+        """Say hello to the journal's host agent for this machine; if it is gone, work goes on
+        on this machine's agent (calls whose results the journal lacks run again there, at
+        least once, as for any dead process). A new agent takes the old one's address when it
+        can, and adopts the procs that outlived it."""
+        try:
+            self.runtime.host_request(host, "hello", timeout=3.0)
+        except TimeoutError:
+            local = ensure_local_host()
+            if local != host:
+                log.warning("the journaled host agent is gone; using this machine's", was=host, now=local)
+                host = local
+            self.runtime.host_request(host, "hello", timeout=10.0)
+        self.runtime.register_host(host)
+        return host
+
+    @staticmethod
+    def local_host() -> str:
+        return ensure_local_host()
+
+    # --- replay policies: what a live session does where an audit reports -------------------
+
+    @staticmethod
+    def match(engine: Any, seq: int, kind: str, actor: str, method: str, digest: bytes,
+              points: Any) -> Any:
+        """The journal's record of call `seq` (checked by the engine); past the journal's end a
+        live session simply goes on (None)."""
+        return engine.match(seq, kind, actor, method, digest, points)
+
+    def resume_from(self, seq: int, data: dict) -> bool:
+        """Skip to the checkpoint `data` (after `resume` at `seq`)? A live session always does."""
+        return True
+
+    def replayed_checkpoint(self, seq: int, state: Any) -> None:
+        """The program made its checkpoint at `seq` again on replay."""
+
+    def unanswered(self, call: Any, rank: int) -> bool:
+        """A replayed call the journal cannot answer: send it (True). An audit records a gap."""
+        return True
+
+    def close(self, *, deposed: bool) -> None:
+        """Release everything; resign unless deposed."""
+        try:
+            self.supervisor.close()
+            self.runtime.close()
+            try:
+                self.writer.close()
+            finally:
+                if not deposed:
+                    self.lead.resign()
+                self.lead.close()
+                self.journal.close()
+        finally:
+            self.live()
+
+
+_edge_factory: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar(
+    "regent_edge_factory", default=None)
+
+
+def open_edge(name: str, journal: str | None, **options: Any) -> Any:
+    """The edge a new Session gets: a live one, or the one an audit has installed."""
+    factory = _edge_factory.get()
+    return LiveEdge(name, journal, **options) if factory is None else factory(name, journal)
+
+
+@contextlib.contextmanager
+def installed(factory: Callable[..., Any]) -> Iterator[None]:
+    """While active, Session(...) gets its edge from `factory(name, journal)` (an audit)."""
+    token = _edge_factory.set(factory)
+    try:
+        yield
+    finally:
+        _edge_factory.reset(token)

@@ -1,0 +1,161 @@
+"""Meshes coming and going: hosts, proc spawns, actor spawns and stops, for one Session.
+
+Each is a journaled side effect like a call (a seq, a record, replayed on takeover); what is
+particular to them is the host agents they talk to and the supervision they set up.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from controller._runtime import ProcRef
+from controller.edge import sys_path
+from controller.futures import point_of
+from controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View
+from controller.replay import CALL, PROCS
+from controller.supervisor import MeshState, policy_of
+from worker import _wire as wire
+from worker._wire import Kind
+from worker.classref import class_ref
+from worker.errors import SupervisionError
+from worker.supervision import MeshSupervisor
+
+if TYPE_CHECKING:
+    from controller.session import Session
+
+PROC_TUNING_ENV = ("REGENT_SPIN_US",)  # passed from the controller's environment to its procs
+
+
+class Lifecycle:
+    """The mesh side effects of one session (Session delegates to it)."""
+
+    def __init__(self, session: Session):
+        self.s = session
+        self.hosts: list[str] = []
+        self.actor_names: set[str] = set()
+
+    def this_host(self) -> HostMesh:
+        """The machine this controller runs on (the journal remembers which it was)."""
+        s = self.s
+        if not self.hosts:
+            host = s._value("this_host", s._edge.local_host)
+            self.hosts.append(s._edge.attach_host(host))
+        return HostMesh(s, list(self.hosts))
+
+    def spawn_procs(self, hosts: list[str], per_host: dict[str, int]) -> ProcMesh:
+        if len(per_host) != 1:
+            raise ValueError(f"per_host names one dimension, e.g. {{'procs': 4}}; got {per_host}")
+        ((dim, count),) = per_host.items()
+        if dim == "hosts" or not isinstance(count, int) or count < 1:
+            raise ValueError(f"per_host={per_host}: the count must be a positive int and the dim not 'hosts'")
+        s, runtime = self.s, self.s.runtime
+        # The hosts themselves are journaled (`this_host`) and may be replaced on replay when
+        # a journaled agent is gone; the call is identified by its shape.
+        digest = wire.digest([msgpack.packb([len(hosts), dim, count])])
+        seq, jc = s._begin("spawn_procs", "", dim, digest)
+        if jc is None:
+            s._append(CALL, {"s": seq, "k": "spawn_procs", "a": "", "m": dim, "d": digest, "pts": []})
+        if jc is not None and jc.procs is not None:
+            s._engine.stats["replayed"] += 1
+            listing = jc.procs
+        else:
+            listing = []
+            # The session's own tuning reaches its procs even through an agent started earlier.
+            tuning = {k: os.environ[k] for k in PROC_TUNING_ENV if k in os.environ}
+            envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim, **tuning} for i in range(count)]
+            for host in hosts:
+                reply = runtime.host_request(host, "spawn_procs", s=seq, count=count, envs=envs,
+                                             path=sys_path(), d=digest)
+                if reply.get("st") != "ok":
+                    raise SupervisionError(f"host agent at {host} could not spawn procs: {reply.get('em')}")
+                listing += [{**p, "host": host, "env": envs[k]} for k, p in enumerate(reply["procs"])]
+            s._append(PROCS, {"s": seq, "procs": listing})
+        procs = []
+        for p in listing:
+            ref = runtime.procs.get(p["id"])
+            if ref is None and jc is not None:
+                ref = self._replacement_of(p)
+            if ref is None:
+                ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], p["host"], env=p.get("env") or {})
+                # Known from the journal but not reported alive by its host: it died meanwhile.
+                if jc is not None and runtime.hosts:
+                    runtime.mark_dead(ref, f"proc {ref.id} (pid {ref.pid}) is gone")
+                runtime.procs[ref.id] = ref
+            procs.append(ref)
+        s._finished(seq)
+        return ProcMesh(s, procs, View.full({"hosts": len(hosts), dim: count}))
+
+    def _replacement_of(self, listed: dict) -> ProcRef | None:
+        """A journaled proc that a previous leader replaced (its `proc_replaced` events), if
+        the replacement is alive: calls go on there, where results and rebuilt actors are.
+        Taking the listed proc for dead instead would restart it a second time."""
+        replaced = self.s._engine.replay.replaced
+        latest, seen = listed["id"], set()
+        while latest in replaced and latest not in seen:
+            seen.add(latest)
+            latest = replaced[latest]
+        ref = self.s.runtime.procs.get(latest) if latest != listed["id"] else None
+        if ref is None or not ref.alive:
+            return None
+        ref.key, ref.index, ref.env = listed["id"], listed["idx"], listed.get("env") or {}
+        return ref
+
+    def spawn_actors(self, mesh: ProcMesh, name: str, cls: type, args: tuple, kwargs: dict,
+                     restart: Any = None) -> ActorMesh:
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise ValueError(f"actor mesh name {name!r} must be a non-empty string")
+        if name in self.actor_names:
+            raise ValueError(f"an actor mesh named {name!r} already exists in this session")
+        s = self.s
+        procs = mesh.procs()
+        dims = mesh.dims
+        frames = wire.dumps((class_ref(cls), args, kwargs))
+        identity = (cls.__module__, cls.__qualname__, args, kwargs)
+        digest = wire.call_digest(identity, wire.dumps(identity))
+        sink = GatherSink(View.full(dims))
+        metas = [{"co": dict(point_of(dims, rank))} for rank in range(len(procs))]
+        s._issue_call(Kind.SPAWN, "spawn", name, "__init__", frames, digest, procs, tuple(range(len(procs))),
+                      sink, metas)
+        policy = policy_of(restart)
+        try:
+            sink.future.get()
+        except SupervisionError:
+            if policy is None:
+                raise  # unsupervised: a member that is gone stays gone
+        self.actor_names.add(name)
+        mesh_sup = MeshSupervisor(name, len(procs), policy) if policy else None
+        replay = s._engine.replay
+        if mesh_sup is not None and replay is not None:
+            # Incarnations go on from where the previous leaders' restarts left them.
+            mesh_sup.incarnation.update({r: inc for (m, r), inc in replay.incarnations.items() if m == name})
+        s._supervisor.register(MeshState(name, procs, dims, frames, mesh_sup, coords=metas))
+        return ActorMesh(s, name, cls, procs, dims)
+
+    def stop_actors(self, mesh: ActorMesh) -> None:
+        sink = GatherSink(mesh._view)
+        self.s._issue_call(Kind.STOP, "stop", mesh.name, "__stop__", [], b"", mesh._procs, mesh._view.ranks, sink)
+        sink.future.get()
+
+    def stop_procs(self, mesh: ProcMesh) -> None:
+        """Stop these procs and the actors on them; supervision does not bring them back."""
+        s, runtime = self.s, self.s.runtime
+        procs = mesh.procs()
+        digest = wire.digest([msgpack.packb([p.key for p in procs])])
+        seq, jc = s._begin("stop_procs", "", "stop_procs", digest)
+        if jc is None:
+            s._append(CALL, {"s": seq, "k": "stop_procs", "a": "", "m": "stop_procs", "d": digest, "pts": []})
+        for proc in procs:
+            proc.stopped = True
+        by_host: dict[str, list[str]] = {}
+        for proc in procs:
+            by_host.setdefault(proc.host, []).append(proc.id)
+        for host, ids in by_host.items():
+            runtime.host_request(host, "stop_procs", ids=ids, timeout=30.0)
+        for proc in procs:
+            runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
+        s._finished(seq)
+
+

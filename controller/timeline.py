@@ -1,0 +1,80 @@
+"""`regent journal show`: one readable line per record, with filters. It never unpickles
+values (results are shown by size), so it is safe on any journal."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from controller.replay import CALL, CHECKPOINT, END, OBS, PROCS, RESULT, START, SUPERVISION, expand
+
+
+@dataclass
+class Filter:
+    actor: str | None = None
+    endpoint: str | None = None
+    errors_only: bool = False
+    since: float | None = None
+    until: float | None = None
+
+
+def _when(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def timeline(records: Iterable, flt: Filter | None = None) -> Iterator[str]:
+    """One readable line per record that passes the filter."""
+    flt = flt or Filter()
+    calls: dict[int, tuple[str, str]] = {}
+    for rec in expand(records):
+        d = rec.data
+        if rec.kind == CALL:
+            calls[d["s"]] = (d.get("a", ""), d.get("m", ""))
+        if flt.since is not None and rec.ts < flt.since or flt.until is not None and rec.ts > flt.until:
+            continue
+        actor, method = calls.get(d.get("s", -1), ("", "")) if isinstance(d, dict) else ("", "")
+        if flt.actor and actor != flt.actor or flt.endpoint and method != flt.endpoint:
+            continue
+        line = _describe(rec, actor, method)
+        if flt.errors_only and not _is_error(rec):
+            continue
+        yield f"{rec.lsn:>8}  e{rec.epoch:<6} {_when(rec.ts)}  {line}"
+
+
+def _is_error(rec) -> bool:
+    d = rec.data
+    return (rec.kind == RESULT and d.get("st") != "ok") or rec.kind == SUPERVISION or (
+        rec.kind == END and d.get("error")) or (rec.kind == OBS and d.get("w") == "timeout")
+
+
+def _describe(rec, actor: str, method: str) -> str:
+    d, k = rec.data, rec.kind
+    if k == START:
+        return f"run {d.get('run')} started"
+    if k == CALL:
+        kind = d.get("k")
+        if "v" in d and kind in ("now", "random", "this_host"):
+            return f"seq {d['s']:<6} {kind}() = {d['v']!r}"
+        if kind in ("side_effect", "resume", "checkpoint"):
+            return f"seq {d['s']:<6} {kind}()"
+        return f"seq {d['s']:<6} {kind} {d.get('a')}.{d.get('m')} -> points {d.get('pts')}"
+    if k == RESULT:
+        where = f"seq {d['s']:<6} {actor}[{d.get('pt')}].{method}"
+        if d.get("st") == "ok":
+            size = d["big"][1] if d.get("big") else sum(len(b) for b in d.get("v") or [])
+            kept = "kept by the worker" if d.get("big") else "in journal"
+            return f"{where} ok ({size} bytes, {kept})"
+        x = d.get("x") or {}
+        return f"{where} {d.get('st').upper()} {x.get('et', '')} {x.get('em', '')}".rstrip()
+    if k == OBS:
+        return f"seq {d['s']:<6} observed {d.get('w')}[{d.get('i')}] = {d.get('v')!r}"
+    if k == PROCS:
+        return f"seq {d['s']:<6} procs " + ", ".join(f"{p['id']} pid {p['pid']}" for p in d.get("procs", []))
+    if k == SUPERVISION:
+        return f"supervision {d}"
+    if k == CHECKPOINT:
+        return f"seq {d.get('s')} checkpoint"
+    if k == END:
+        return "run ended" + (f" with error {d['error']}" if d.get("error") else "")
+    return f"{k} {d}"
