@@ -214,7 +214,7 @@ def run_reference(session: str, workdir: Path, train_args: list[str], *, journal
 
 
 def journal_cli(journal: str | None, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "controller.cli", "journal"]
+    cmd = [sys.executable, "-m", "cli", "journal"]
     if journal:
         cmd += ["--journal", journal]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])

@@ -147,7 +147,7 @@ def test_a_result_the_journal_does_not_hold_is_reported_not_invented(recorded, s
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "controller.cli", "journal", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", "journal", *args], capture_output=True,
                           text=True, env={**os.environ, **(env or {})}, timeout=120)
 
 

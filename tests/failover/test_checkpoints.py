@@ -42,13 +42,13 @@ def test_takeover_resumes_from_the_checkpoint_and_compaction_keeps_the_journal_v
     try:
         before = j.session_info(c.session).records
         removed = subprocess.run(
-            [sys.executable, "-m", "controller.cli", "journal", "--journal", url, "compact", c.session],
+            [sys.executable, "-m", "cli", "journal", "--journal", url, "compact", c.session],
             capture_output=True, text=True, check=True).stdout
         after = j.session_info(c.session).records
         assert after < before / 4, (before, after, removed)
         assert j.verify(c.session).ok
         shown = subprocess.run(
-            [sys.executable, "-m", "controller.cli", "journal", "--journal", url, "show", c.session],
+            [sys.executable, "-m", "cli", "journal", "--journal", url, "show", c.session],
             capture_output=True, text=True, check=True).stdout
         assert "spawn acc.__init__" in shown  # the prologue survives compaction
     finally:

@@ -147,7 +147,7 @@ def test_repair_is_refused_while_a_live_leader_holds_the_session(
 
 def _regent(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(_ROOT)}
-    return subprocess.run([sys.executable, "-m", "controller.cli", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *args], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
