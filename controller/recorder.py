@@ -50,6 +50,8 @@ class Recorder:
     def record(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         if outcome.status == "exit":
             self._on_exit(call, point, outcome)
+        if not self.engine.journaled:
+            return
         size = wire.payload_size(outcome.frames) if outcome.status == "ok" else 0
         effect = self.engine.outcome_record(call, point, outcome, size, time.time())
         if effect is None:
@@ -75,7 +77,7 @@ class Recorder:
     def record_batch(self, frames: list, replies: list[tuple[wire.Kind, dict, list]]) -> list[int | None] | None:
         """A batch of plain values journaled as the worker sent it: one record, not one each.
         Returns, per reply, the record's lsn if the record covers it, else None."""
-        if len(replies) < 2:
+        if len(replies) < 2 or not self.engine.journaled:
             return None
         size = wire.payload_size(frames)
         with self.lock:
