@@ -307,10 +307,6 @@ class ChaosCluster:
                 self.runner.note_calls(n - self._steps_seen)
             self._steps_seen = n
 
-    @property
-    def toxiproxy_revivals(self) -> int:
-        return self._toxiproxy_watch.revivals if self._toxiproxy_watch else 0
-
     def stop(self, exit_wait_s: float = 30.0) -> None:
         """Stop the run. The controller that printed the result is still closing its session
         (settling broadcasts it never waited for, flushing the journal): it is given
