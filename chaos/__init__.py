@@ -12,6 +12,7 @@ from chaos.faults import (
     pause,
     paused,
     process_state,
+    release,
     resume,
 )
 from chaos.net import ChaosNet, UnknownLinkError
@@ -67,6 +68,7 @@ __all__ = [
     "paused",
     "process_state",
     "random_schedule",
+    "release",
     "resume",
     "validate_toxic",
 ]

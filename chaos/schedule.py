@@ -677,11 +677,7 @@ class ScheduleRunner:
 
         def undo() -> None:
             self._pause_count[pid] -= 1
-            if self._pause_count[pid] == 0 and process_faults.process_state(pid) not in (
-                None,
-                "Z",
-                "X",
-            ):
+            if self._pause_count[pid] == 0 and process_faults.process_state(pid) not in process_faults.GONE:
                 process_faults.resume(
                     pid, target=fault.target, log_to=self.faults, note=self._note(index)
                 )

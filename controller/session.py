@@ -58,8 +58,8 @@ from worker import _wire as wire
 from worker._wire import Kind
 from worker.classref import class_ref
 from worker.dedupe import LARGE_RESULT_BYTES
+from worker.discovery import ensure_local_host
 from worker.errors import ActorError, DivergenceError, FencedError, SupervisionError
-from worker.host import ensure_local_host
 from worker.logsetup import configure_logging
 from worker.supervision import MeshSupervisor
 from worker.transport import PeerGone
