@@ -32,6 +32,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
@@ -319,16 +321,13 @@ class Noop(Actor):
         return i
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, from /proc (0.0 if it is gone)."""
+    """User + system CPU time of a process so far (0.0 if it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return times.user + times.system
 
 
 FLOOR = "floor"  # the overhead bench's mode that is no session: a bare pyzmq round trip
