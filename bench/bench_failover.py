@@ -759,16 +759,14 @@ def source_tree() -> dict[str, Any]:
             "changed": [line[3:] for line in git("status", "--porcelain").splitlines()]}
 
 
-class FastElectionEtcd(EtcdServer):
+def fast_election_etcd() -> EtcdServer:
     """etcd with a 600 ms election timeout, whose minimum lease is then 1 s rather than 2 s
     (etcd's minimum lease ttl is 1.5 x the election timeout, rounded up to a second)."""
-
-    def _command(self) -> list[str]:
-        return [*super()._command(), "--heartbeat-interval", "100", "--election-timeout", "600"]
+    return EtcdServer(extra_args=["--heartbeat-interval", "100", "--election-timeout", "600"])
 
 
 @contextlib.contextmanager
-def etcd_server(kind: type[EtcdServer] = EtcdServer) -> Iterator[EtcdServer | None]:
+def etcd_server(kind: Callable[[], EtcdServer] = EtcdServer) -> Iterator[EtcdServer | None]:
     if not etcd_available():
         note("etcd is not installed: the etcd figures are skipped")
         yield None
@@ -818,7 +816,7 @@ def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool,
     work = Path(tempfile.mkdtemp(prefix="regent-bench-failover-"))
     programs = Programs(work)
     with (private_regent_home(), etcd_server() as etcd,
-          etcd_server(FastElectionEtcd) as fast_etcd):
+          etcd_server(fast_election_etcd) as fast_etcd):
         sqlite_url = f"sqlite://{work / 'journal.db'}"
         try:
             kill: list[Scenario] = []
