@@ -16,6 +16,7 @@ from chaos.faults import (
     resume,
 )
 from chaos.net import ChaosNet, UnknownLinkError
+from chaos.runner import ScheduleRunner
 from chaos.schedule import (
     FAULT_KINDS,
     LINK_KINDS,
@@ -23,7 +24,6 @@ from chaos.schedule import (
     Fault,
     Schedule,
     ScheduleError,
-    ScheduleRunner,
     load_schedule,
     parse_schedule,
     random_schedule,
