@@ -32,6 +32,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
@@ -319,16 +321,13 @@ class Noop(Actor):
         return i
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, from /proc (0.0 if it is gone)."""
+    """User + system CPU time of a process so far (0.0 if it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return times.user + times.system
 
 
 FLOOR = "floor"  # the overhead bench's mode that is no session: a bare pyzmq round trip
@@ -760,16 +759,14 @@ def source_tree() -> dict[str, Any]:
             "changed": [line[3:] for line in git("status", "--porcelain").splitlines()]}
 
 
-class FastElectionEtcd(EtcdServer):
+def fast_election_etcd() -> EtcdServer:
     """etcd with a 600 ms election timeout, whose minimum lease is then 1 s rather than 2 s
     (etcd's minimum lease ttl is 1.5 x the election timeout, rounded up to a second)."""
-
-    def _command(self) -> list[str]:
-        return [*super()._command(), "--heartbeat-interval", "100", "--election-timeout", "600"]
+    return EtcdServer(extra_args=["--heartbeat-interval", "100", "--election-timeout", "600"])
 
 
 @contextlib.contextmanager
-def etcd_server(kind: type[EtcdServer] = EtcdServer) -> Iterator[EtcdServer | None]:
+def etcd_server(kind: Callable[[], EtcdServer] = EtcdServer) -> Iterator[EtcdServer | None]:
     if not etcd_available():
         note("etcd is not installed: the etcd figures are skipped")
         yield None
@@ -819,7 +816,7 @@ def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool,
     work = Path(tempfile.mkdtemp(prefix="regent-bench-failover-"))
     programs = Programs(work)
     with (private_regent_home(), etcd_server() as etcd,
-          etcd_server(FastElectionEtcd) as fast_etcd):
+          etcd_server(fast_election_etcd) as fast_etcd):
         sqlite_url = f"sqlite://{work / 'journal.db'}"
         try:
             kill: list[Scenario] = []

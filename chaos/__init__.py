@@ -12,9 +12,11 @@ from chaos.faults import (
     pause,
     paused,
     process_state,
+    release,
     resume,
 )
 from chaos.net import ChaosNet, UnknownLinkError
+from chaos.runner import ScheduleRunner
 from chaos.schedule import (
     FAULT_KINDS,
     LINK_KINDS,
@@ -22,7 +24,6 @@ from chaos.schedule import (
     Fault,
     Schedule,
     ScheduleError,
-    ScheduleRunner,
     load_schedule,
     parse_schedule,
     random_schedule,
@@ -67,6 +68,7 @@ __all__ = [
     "paused",
     "process_state",
     "random_schedule",
+    "release",
     "resume",
     "validate_toxic",
 ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import structlog
 
 from chaos import faults as process_faults
@@ -33,6 +33,7 @@ from chaos.faults import FaultLog
 from chaos.links import ENV_TOXIPROXY, proxy_name
 from chaos.net import ChaosNet
 from chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer, ToxiproxyWatchdog
+from worker import discovery, procinfo
 
 __all__ = ["ChaosCluster", "Controller", "RoleNet", "WORKLOAD"]
 
@@ -307,10 +308,6 @@ class ChaosCluster:
                 self.runner.note_calls(n - self._steps_seen)
             self._steps_seen = n
 
-    @property
-    def toxiproxy_revivals(self) -> int:
-        return self._toxiproxy_watch.revivals if self._toxiproxy_watch else 0
-
     def stop(self, exit_wait_s: float = 30.0) -> None:
         """Stop the run. The controller that printed the result is still closing its session
         (settling broadcasts it never waited for, flushing the journal): it is given
@@ -328,20 +325,13 @@ class ChaosCluster:
                             session=self.session, pid=self.winner.pid, waited_s=exit_wait_s)
         for c in self.controllers:
             if c.popen.poll() is None:
-                try:
-                    os.kill(c.pid, signal.SIGCONT)  # a paused controller cannot die otherwise
-                except OSError:
-                    pass
-                c.popen.kill()
+                c.popen.kill()  # SIGKILL ends a paused controller too
                 c.popen.wait()
         # The host agent and procs outlive the controllers; one left stopped would block
         # Toxiproxy calls on its links (and the next test's calls to it).
         for pid in [_host_pid_or_none(), *(_proc_pid(self.session, i) for i in range(self.n_procs))]:
-            if pid is not None and process_faults.process_state(pid) in ("T", "t"):
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except OSError:
-                    pass
+            if pid is not None:
+                process_faults.release(pid)
         self.net.close()
 
     def log_tail(self, n: int = 30) -> str:
@@ -440,14 +430,8 @@ def _final_line(path: Path) -> dict | None:
 
 
 def _host_pid_or_none() -> int | None:
-    from worker.security import regent_home
-
-    try:
-        pid = int(json.loads((regent_home() / "host.json").read_text())["pid"])
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError, KeyError):
-        return None
+    info = discovery.live_host_record()
+    return info["pid"] if info else None
 
 
 def _host_pid() -> int:
@@ -458,54 +442,16 @@ def _host_pid() -> int:
 
 
 def _proc_pid(session: str, index: int) -> int | None:
-    """The live proc of `session` with this index (restarts get new pids), from /proc."""
-    want = [f"{session}.", "--index", str(index)]
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        args = [a.decode(errors="replace") for a in argv]
-        if "worker.proc" not in args:
-            continue
-        try:
-            sid = args[args.index("--session") + 1]
-            idx = args[args.index("--index") + 1]
-        except (ValueError, IndexError):
-            continue
-        if sid.startswith(want[0]) and idx == want[2]:
-            try:
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state not in ("Z", "X"):
-                return int(entry)
-    return None
+    """The live proc of `session` with this index (restarts get new pids)."""
+    run = f"{session}."  # a proc's --session is the session id, "<name>.<run id>"
+    return next((p.pid for p in procinfo.running_procs()
+                 if p.session.startswith(run) and p.index == index), None)
 
 
 def _listen_ports(pid: int) -> set[int]:
-    """TCP ports this process listens on, from /proc (no psutil here)."""
-    inodes = set()
+    """TCP ports this process listens on."""
     try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
         return set()
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
+    return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}

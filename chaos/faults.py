@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import psutil
 import structlog
 import tenacity
 
@@ -28,6 +29,7 @@ __all__ = [
     "pause",
     "paused",
     "process_state",
+    "release",
     "resume",
 ]
 
@@ -83,15 +85,25 @@ class FaultLog:
         return json.dumps([e.to_dict() for e in self.events()], indent=2, default=str)
 
 
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+GONE = (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)  # exited: reaped, or a zombie
+
+
 def process_state(pid: int) -> str | None:
-    """The process's state letter from /proc/PID/stat (R, S, D, T, t, Z, ...); None if gone."""
+    """The process's state as psutil names it ("running", "sleeping", "disk-sleep",
+    "stopped", "tracing-stop", "zombie", ...); None if there is no such process."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
+        return psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
         return None
-    # The command name (field 2) is in parentheses and may itself contain ") ".
-    return stat[stat.rindex(")") + 2]
+
+
+def release(pid: int) -> None:
+    """SIGCONT ``pid`` if it is stopped, recording no fault: a stopped process cannot act on
+    SIGTERM, and one left stopped blocks whoever waits on it. Quiet if it is gone."""
+    if process_state(pid) in STOPPED:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def kill(
@@ -106,7 +118,7 @@ def kill(
     _signal(pid, signal.SIGKILL, "kill")
     event = _event(log_to, "kill", target or f"pid:{pid}", _detail(pid, "SIGKILL", note))
     # A SIGSTOPped process still dies of SIGKILL; waiting makes "killed" mean killed.
-    _await_state(pid, lambda s: s in (None, "Z", "X"), wait_s, "die after SIGKILL")
+    _await_state(pid, lambda s: s in GONE, wait_s, "die after SIGKILL")
     return event
 
 
@@ -120,7 +132,7 @@ def pause(
 ) -> FaultEvent:
     """SIGSTOP ``pid`` and wait until the kernel reports it stopped."""
     _signal(pid, signal.SIGSTOP, "pause")
-    _await_state(pid, lambda s: s in ("T", "t", None, "Z"), wait_s, "stop after SIGSTOP")
+    _await_state(pid, lambda s: s in STOPPED or s in GONE, wait_s, "stop after SIGSTOP")
     return _event(log_to, "pause", target or f"pid:{pid}", _detail(pid, "SIGSTOP", note))
 
 
@@ -134,7 +146,7 @@ def resume(
 ) -> FaultEvent:
     """SIGCONT ``pid`` and wait until it is no longer stopped."""
     _signal(pid, signal.SIGCONT, "resume")
-    _await_state(pid, lambda s: s not in ("T", "t"), wait_s, "continue after SIGCONT")
+    _await_state(pid, lambda s: s not in STOPPED, wait_s, "continue after SIGCONT")
     return _event(log_to, "resume", target or f"pid:{pid}", _detail(pid, "SIGCONT", note))
 
 
@@ -161,7 +173,7 @@ def paused(
             if remaining > 0:
                 time.sleep(remaining)
     finally:
-        if process_state(pid) not in (None, "Z", "X"):
+        if process_state(pid) not in GONE:
             resume(pid, target=target, log_to=log_to, note=note)
 
 
@@ -191,7 +203,7 @@ def _await_state(pid: int, done: Callable[[str | None], bool], wait_s: float, wh
     except tenacity.RetryError:
         raise ProcessFaultError(
             f"pid {pid} did not {what} within {wait_s}s "
-            f"(state {process_state(pid)!r} in /proc/{pid}/stat)"
+            f"(its state is {process_state(pid)!r})"
         ) from None
 
 

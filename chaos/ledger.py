@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +67,3 @@ def read_ledger(directory: str | os.PathLike) -> list[Execution]:
 def counts(executions: list[Execution]) -> Counter:
     """(mesh, method, digest, rank) -> how many times it ran."""
     return Counter((e.mesh, e.method, e.digest, e.rank) for e in executions)
-
-
-def iter_files(directory: str | os.PathLike) -> Iterator[Path]:
-    return iter(sorted(Path(directory).glob("*.jsonl")))

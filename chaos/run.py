@@ -13,7 +13,8 @@ from typing import Any
 from chaos.checker import ChaosReport, check_run
 from chaos.cluster import ChaosCluster
 from chaos.ledger import read_ledger
-from chaos.schedule import Schedule, ScheduleRunner
+from chaos.runner import ScheduleRunner
+from chaos.schedule import Schedule
 from chaos.toxiproxy import ToxiproxyServer
 
 __all__ = ["ChaosRun", "fault_free", "run_schedule"]

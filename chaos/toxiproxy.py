@@ -193,14 +193,6 @@ class Proxy:
     def _path(self) -> str:
         return f"/proxies/{_quote(self.name)}"
 
-    @property
-    def listen_host(self) -> str:
-        return self.listen.rsplit(":", 1)[0]
-
-    @property
-    def listen_port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
-
     def refresh(self) -> Proxy:
         self._update(self._client.request("GET", self._path))
         return self

@@ -17,9 +17,10 @@ from worker.errors import (
     RegentError,
     SupervisionError,
 )
+from worker.supervision import RestartPolicy
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
-    "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
+    "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh",
     "context", "current_rank", "endpoint",
 ]

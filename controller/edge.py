@@ -31,7 +31,7 @@ from controller.replay import START, SUPERVISION, ReplayIndex
 from controller.supervisor import Supervisor
 from journal import GroupCommitWriter, open_journal
 from worker.dedupe import LARGE_RESULT_BYTES
-from worker.host import ensure_local_host
+from worker.discovery import ensure_local_host
 
 log = structlog.get_logger("regent.session")
 

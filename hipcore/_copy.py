@@ -63,14 +63,6 @@ def nbytes_of(obj: Any) -> int:
     return memoryview(obj).nbytes
 
 
-def address_of(obj: Any) -> int:
-    """Start address of host or device memory (0 for empty buffers)."""
-    if _is_torch_tensor(obj):
-        return int(obj.data_ptr())
-    arr = host_bytes(obj, writable=False)
-    return int(arr.__array_interface__["data"][0]) if arr.size else 0
-
-
 def device_bytes(obj: Any, *, what: str = "tensor") -> Any:
     """A flat uint8 torch view of a contiguous tensor on any device."""
     if not obj.is_contiguous():

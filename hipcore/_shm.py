@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import psutil
 import structlog
 
 log = structlog.get_logger("hipcore.shm")
@@ -30,16 +31,32 @@ PREFIX = "regent-"
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def _start_ticks(pid: int) -> int:
+    """When ``pid`` started, in clock ticks since boot (the kernel's own count).
+
+    psutil's create_time() adds the boot time on the wall clock, which moves when the
+    clock is stepped; taking it back out, read on both sides so that no step fell in
+    between, gives the count a clock step cannot change (a segment name must keep naming
+    its live creator). Raises psutil.Error if there is no such process."""
+    for _ in range(3):
+        boot = psutil.boot_time()
+        created = psutil.Process(pid).create_time()
+        if psutil.boot_time() == boot:
+            break
+    return round((created - boot) * _CLOCK_TICKS)
+
+
 def process_start_time(pid: int) -> int:
-    """Kernel start time of ``pid`` in clock ticks (0 where /proc is unavailable); guards against pid reuse."""
+    """Start time of ``pid`` in clock ticks since boot (0 if it cannot be read); with the pid,
+    it names one process, which guards against pid reuse."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+        return _start_ticks(pid)
+    except psutil.Error:
         return 0
-    # The command name (field 2) may contain spaces and parentheses; fields after it are plain.
-    rest = stat[stat.rindex(b")") + 2 :].split()
-    return int(rest[19])
 
 
 _me: tuple[int, int] | None = None
@@ -57,22 +74,13 @@ def my_identity() -> tuple[int, int]:
 def is_alive(pid: int, start_time: int) -> bool:
     """True while process ``pid`` (started at ``start_time``) exists and is not a zombie."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        if psutil.Process(pid).status() in _GONE:
+            return False
+        return start_time == 0 or _start_ticks(pid) == start_time
+    except psutil.NoSuchProcess:  # ZombieProcess included
         return False
-    except PermissionError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
+    except psutil.AccessDenied:
         return True
-    rest = stat[stat.rindex(b")") + 2 :].split()
-    if rest[0] in (b"Z", b"X"):
-        return False
-    return start_time == 0 or int(rest[19]) == start_time
 
 
 class _PidWatch:

@@ -33,11 +33,6 @@ class BackendInfo:
     def is_gpu(self) -> bool:
         return self.name != "cpu"
 
-    @property
-    def torch_device_type(self) -> str:
-        """The torch device type this backend's memory lives on (ROCm also says ``cuda``)."""
-        return "cpu" if self.name == "cpu" else "cuda"
-
 
 def import_torch() -> Any | None:
     """Return the torch module, or None when it is not installed."""

@@ -10,11 +10,12 @@ nothing here does IO or ever unpickles.
 
 from __future__ import annotations
 
-import threading
 import zlib
 from typing import Any
 
 import msgpack
+
+from worker.packing import pack
 
 from .errors import CorruptRecord, JournalError, RecordTooLarge
 from .records import Record
@@ -34,28 +35,15 @@ MAX_RECORD_BYTES = 1 << 20
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _crc32 = zlib.crc32
-_local = threading.local()  # one reusable Packer per thread: packb builds one per call
-
-
-def _packer() -> msgpack.Packer:
-    try:
-        return _local.packer
-    except AttributeError:
-        _local.packer = msgpack.Packer(use_bin_type=True)
-        return _local.packer
-
-
 def encode_record(lsn: int, epoch: int, kind: str, data: dict[str, Any], ts: float) -> bytes:
     """Return the framed bytes of one record; raise RecordTooLarge or TypeError on bad input."""
     if not isinstance(kind, str):
         raise TypeError(f"record kind must be a str, got {type(kind).__name__} for lsn {lsn}")
     if not isinstance(data, dict):
         raise TypeError(f"record data must be a dict, got {type(data).__name__} for lsn {lsn}")
-    pack = _packer().pack
     try:
         body = pack([lsn, epoch, kind, data, ts])
     except (TypeError, ValueError, OverflowError) as exc:
-        _packer().reset()  # a failed pack may leave part of the value in the buffer
         raise TypeError(
             f"record {kind!r} (lsn {lsn}) holds a value msgpack cannot encode: {exc}; "
             "journal data may only contain str, int, float, bool, None, bytes, lists and "

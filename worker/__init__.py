@@ -13,8 +13,9 @@ from worker.errors import (
     RegentError,
     SupervisionError,
 )
+from worker.supervision import RestartPolicy
 
 __all__ = [
     "Actor", "ActorContext", "ActorError", "DivergenceError", "FencedError", "MessageTooLarge",
-    "ProtocolError", "RegentError", "SupervisionError", "context", "current_rank", "endpoint",
+    "ProtocolError", "RegentError", "RestartPolicy", "SupervisionError", "context", "current_rank", "endpoint",
 ]

@@ -15,7 +15,6 @@ import io
 import pickle
 import struct
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ import msgpack
 import xxhash
 
 from worker.errors import ProtocolError
+from worker.packing import packer as _packer
 
 MAGIC = b"RG"
 VERSION = 1
@@ -52,17 +52,6 @@ class Kind(enum.IntEnum):
 _KINDS = {int(k) for k in Kind}
 _KIND_OF = {int(k): k for k in Kind}
 MAX_BATCH = 1024  # messages in one batch, at most
-
-
-_local = threading.local()  # one reusable Packer per thread: packb builds one per call
-
-
-def _packer() -> msgpack.Packer:
-    try:
-        return _local.packer
-    except AttributeError:
-        _local.packer = msgpack.Packer(use_bin_type=True)
-        return _local.packer
 
 
 def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,7 +46,6 @@ class ActorContext:
     point: Mapping[str, int]
     proc_index: int
     incarnation: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 _current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(

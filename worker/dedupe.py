@@ -101,10 +101,6 @@ class DedupeCache:
             del self._entries[(seq, actor)]
         return waiters
 
-    def forget_actor(self, actor: str) -> None:
-        for key in [k for k in self._entries if k[1] == actor]:
-            del self._entries[key]
-
     def watermark(self, durable_seq: int, checkpoint_seq: int) -> int:
         """Release results no replay can need; returns how many were dropped.
 

@@ -15,8 +15,6 @@ controller from its first message, before any proc has adopted it (DESIGN invari
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import os
 import select
 import signal
@@ -25,14 +23,13 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple
 
 import structlog
 import zmq
 
 from worker import _wire as wire
-from worker import schema
+from worker import discovery, procinfo, schema
 from worker._wire import Kind
 from worker.errors import ProtocolError
 from worker.fencing import EpochFence, FenceStore
@@ -480,7 +477,7 @@ class HostAgent:
             pidfd = os.pidfd_open(pid)
         except (ProcessLookupError, ValueError, OSError) as e:
             raise ProtocolError(f"adoption request for pid {pid}, which is not running: {e}") from None
-        if not _is_our_proc(pid, sid, proc_id, index):
+        if procinfo.proc_info(pid) != procinfo.ProcInfo(pid, sid, proc_id, index):
             os.close(pidfd)
             raise ProtocolError(f"adoption request for pid {pid}, which is not proc {proc_id} of {sid}")
         proc = _Proc(proc_id, index, pid, pidfd, addr=addr)
@@ -675,112 +672,6 @@ def _env_at(envs: list, i: int) -> dict[str, str]:
     return {k: str(v) for k, v in env.items() if isinstance(k, str)}
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
-    except OSError:
-        return []
-
-
-def _stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat from field 3 (state) on; empty if there is no such process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a dead process nobody reaped still answers kill(pid, 0))."""
-    stat = _stat(pid)
-    return bool(stat) and stat[0] not in ("Z", "X")
-
-
-def _start_time(pid: int) -> int | None:
-    """When the process started (clock ticks since boot): with the pid, names one process."""
-    stat = _stat(pid)
-    return int(stat[19]) if len(stat) > 19 and stat[19].isdigit() else None
-
-
-def _is_our_proc(pid: int, sid: str, proc_id: str, index: int) -> bool:
-    """Whether pid is a running regent proc of this user with this session, id and index."""
-    args = _cmdline(pid)
-
-    def arg(name: str) -> str | None:
-        return args[args.index(name) + 1] if name in args[:-1] else None
-
-    try:
-        same_user = os.stat(f"/proc/{pid}").st_uid == os.getuid()
-    except OSError:
-        return False
-    return (same_user and _running(pid) and "worker.proc" in args and arg("--session") == sid
-            and arg("--id") == proc_id and arg("--index") == str(index))
-
-
-# --- finding or starting the local host agent ------------------------------------
-
-
-def host_file() -> Path:
-    return regent_home() / "host.json"
-
-
-def _host_record() -> dict | None:
-    """What host.json says, whether or not that agent still runs."""
-    try:
-        info = json.loads(host_file().read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or not isinstance(info.get("pid"), int) or not valid_address(info.get("address")):
-        return None
-    return info
-
-
-def _read_host_file() -> dict | None:
-    """host.json, if the agent it names is running (a dead agent, or its pid reused, is none)."""
-    info = _host_record()
-    if info is None or not _running(info["pid"]):
-        return None
-    if "start" in info and info["start"] != _start_time(info["pid"]):
-        return None
-    return info
-
-
-def ensure_local_host(timeout: float = 30.0, env: dict[str, str] | None = None) -> str:
-    """Address of this machine's host agent, starting one (detached) if none runs.
-
-    env: the environment to start it with (default: this process's). A proc that
-    restarts its dead agent passes the dead agent's, so the new agent's procs see
-    what the old one's did, not the proc's own device binding."""
-    info = _read_host_file()
-    if info:
-        return info["address"]
-    lock_path = regent_home() / "host.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        info = _read_host_file()
-        if info:
-            return info["address"]
-        log_path = regent_home() / "host.log"
-        # The launcher forks the agent and exits at once, so the agent is never a
-        # child of this (controller) process: SIGKILL of the controller spares it.
-        if env is None:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        else:  # whatever the given PYTHONPATH, the agent must find this very package
-            root = str(Path(__file__).resolve().parent.parent)
-            env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)}
-        subprocess.run(
-            [sys.executable, "-m", "worker.host", "--daemonize", "--log", str(log_path)],
-            env=env, check=True, stdin=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = _read_host_file()
-            if info:
-                return info["address"]
-            time.sleep(0.02)
-    raise RuntimeError(f"the host agent did not start within {timeout:.0f} s: see {log_path}")
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="regent host", description="Run this machine's regent host agent.")
     p.add_argument("--bind-host", default="127.0.0.1")
@@ -803,14 +694,11 @@ def main(argv: list[str] | None = None) -> None:
     from worker.logsetup import configure_logging
 
     configure_logging()
-    previous = _host_record()
-    if previous is not None and _read_host_file() is not None:
+    previous = discovery.host_record()
+    if previous is not None and discovery.live_host_record() is not None:
         previous = None  # a live agent: nothing to take over
     agent = HostAgent(a.bind_host, a.port, a.idle_exit, succeeds=previous)
-    tmp = host_file().with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid()),
-                               "address": agent.inbox.address, "host": agent.host_id}))
-    os.replace(tmp, host_file())
+    discovery.publish(agent.inbox.address, agent.host_id)
     if previous is not None:
         log.warning("host agent restarted in place of a dead one; its procs will adopt this one",
                     address=agent.inbox.address, pid=os.getpid(), dead_pid=previous["pid"],
@@ -820,11 +708,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         agent.serve()
     finally:
-        try:
-            if json.loads(host_file().read_text()).get("pid") == os.getpid():
-                host_file().unlink()
-        except (OSError, ValueError):
-            pass
+        discovery.withdraw()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import psutil
 import structlog
 import tenacity
 import zmq
@@ -38,9 +39,9 @@ from worker._wire import Kind
 from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
 from worker.classref import load_class
 from worker.dedupe import CallIdentity, DedupeCache
+from worker.discovery import ensure_local_host
 from worker.errors import ActorExit, DivergenceError, MessageTooLarge, ProtocolError
 from worker.fencing import EpochFence
-from worker.host import ensure_local_host
 from worker.security import load_credentials, stop_authenticator
 from worker.transport import (
     Inbox,
@@ -637,10 +638,8 @@ def _environment_of(pid: int) -> dict[str, str]:
     """The environment process `pid` started with; this process's own minus the proc's
     rank and device binding if the kernel will not say."""
     try:
-        raw = open(f"/proc/{pid}/environ", "rb").read()  # noqa: SIM115 - one read
-        pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-    except OSError as e:
+        return psutil.Process(pid).environ()
+    except psutil.Error as e:
         log.warning("cannot read the host agent's environment; a successor gets this proc's",
                     pid=pid, error=str(e))
         from hipcore.binding import BINDING_VARS

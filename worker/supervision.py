@@ -56,9 +56,6 @@ class RestartPolicy:
         if self.max_restarts < 0 or self.window_s <= 0:
             raise ValueError("max_restarts must be >= 0 and window_s > 0")
 
-    def to_wire(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Delay before restart number `attempt` (1-based) within the current window."""
         wait = tenacity.wait_exponential(

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import zmq
 
@@ -56,17 +57,7 @@ def recorded(tmp_path_factory) -> Recorded:
 
 
 def _children() -> set[int]:
-    me = str(os.getpid())
-    kids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[1] == me:
-                        kids.add(int(entry))
-            except (OSError, IndexError):
-                pass
-    return kids
+    return {p.pid for p in psutil.Process().children()}
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from chaos_suite import assert_verdict, name
 from chaos import Fault, Schedule, kill
 from chaos.cluster import _proc_pid
 from chaos.run import run_schedule
-from worker.host import host_file
+from worker.discovery import host_file
 
 pytestmark = pytest.mark.chaos
 

@@ -29,6 +29,7 @@ from chaos import (
     random_schedule,
 )
 
+RUNNING = ("running", "sleeping", "disk-sleep")  # disk-sleep: a brief uninterruptible wait
 LINKS = ["controller->etcd", "standby->etcd", "controller->proc/3", "host->etcd"]
 PROCESSES = ["controller", "standby", "host/0", "proc/3"]
 
@@ -246,12 +247,12 @@ def test_runner_applies_each_fault_for_its_duration_then_undoes_it(
     processes = {name: proc.pid for name, proc in sleepers.items()}
     address = net.address(link)
     with ScheduleRunner(schedule, net, processes) as runner:
-        assert wait_for(lambda: process_state(processes["controller"]) == "T")
+        assert wait_for(lambda: process_state(processes["controller"]) == "stopped")
         assert wait_for(lambda: refuses(address))
         assert runner.wait(10)
     assert runner.errors == []
     assert net[link].toxics() == [] and net[link].refresh().enabled
-    assert process_state(processes["controller"]) in ("S", "R", "D")  # D: a brief uninterruptible wait is still running
+    assert process_state(processes["controller"]) in RUNNING
     round_trip(address)
 
     events = runner.events()
@@ -297,9 +298,9 @@ def test_stop_undoes_faults_that_have_no_duration(
     )
     runner = ScheduleRunner(schedule, net, {"controller": pid}).start()
     assert runner.wait(5)  # everything fired; nothing timed is left
-    assert process_state(pid) == "T" and not net["client->echo"].refresh().enabled
+    assert process_state(pid) == "stopped" and not net["client->echo"].refresh().enabled
     runner.stop()
-    assert process_state(pid) in ("S", "R", "D")  # D: a brief uninterruptible wait is still running
+    assert process_state(pid) in RUNNING
     assert net["client->echo"].refresh().enabled and net["client->echo"].toxics() == []
 
 
@@ -362,9 +363,9 @@ def test_a_stuck_link_call_does_not_hold_back_a_process_resume(sleepers: dict[st
         Fault("pause", "controller", at_s=0.0, duration_s=0.3),
     ))
     with ScheduleRunner(schedule, net, {"controller": pid}) as runner:  # type: ignore[arg-type]
-        assert wait_for(lambda: process_state(pid) == "T")
+        assert wait_for(lambda: process_state(pid) == "stopped")
         # The toxic's removal is stuck behind the paused peer; the resume goes out regardless.
-        assert wait_for(lambda: process_state(pid) in ("S", "R", "D"), 2.0)
+        assert wait_for(lambda: process_state(pid) in RUNNING, 2.0)
         assert not net.removed.is_set() and not runner.wait(0.1)
         net.release.set()
         assert runner.wait(5) and net.removed.is_set()

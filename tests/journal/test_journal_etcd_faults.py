@@ -8,7 +8,7 @@ import time
 import pytest
 
 from journal import GroupCommitWriter, JournalUnavailable, open_journal
-from tests.support.etcd import EtcdServer, free_port, held_port
+from tests.support.etcd import EtcdServer, free_port
 
 
 def test_an_unreachable_etcd_is_named_with_how_to_start_one():
@@ -130,19 +130,3 @@ def test_a_standby_keeps_waiting_through_an_etcd_restart(fresh_etcd: EtcdServer)
     standby.close()
     primary_journal.close()
     standby_journal.close()
-
-
-def test_a_test_etcd_whose_port_was_taken_since_it_was_chosen_starts_on_another():
-    """free_port() finds a port free at that moment; a process may bind it before etcd does."""
-    server = EtcdServer()
-    taken = server.client_port
-    try:
-        with held_port(taken), server:
-            assert server.client_port != taken
-            j = open_journal(server.url)
-            try:
-                assert list(j.sessions()) == []
-            finally:
-                j.close()
-    finally:
-        server.close()

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from controller import Session, SupervisionError
@@ -20,8 +21,9 @@ from tests.runtime.rawpeer import RawPeer
 from worker import Actor, context, endpoint
 from worker import _wire as wire
 from worker._wire import Kind
+from worker.discovery import ensure_local_host
 from worker.fencing import FenceStore
-from worker.host import ensure_local_host
+from worker.procinfo import running
 from worker.security import load_credentials
 from worker.supervision import RestartPolicy
 
@@ -37,13 +39,6 @@ class Counter(Actor):
     def incr(self) -> tuple[int, int, int]:
         self.n += 1
         return os.getpid(), context().incarnation, self.n
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def _agent(home: Path) -> dict:
@@ -65,25 +60,19 @@ def _successor(home: Path, dead: dict, timeout: float = 10.0) -> dict:
             info = _agent(home)
         except (OSError, ValueError):
             return None
-        return info if info["pid"] != dead["pid"] and _running(info["pid"]) else None
+        return info if info["pid"] != dead["pid"] and running(info["pid"]) else None
 
     return _wait(new, timeout, "a new host agent started")
 
 
 def _workers_of(home: Path) -> list[int]:
     """Host agents and procs running with this REGENT_HOME."""
-    want = f"REGENT_HOME={home}".encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or not _running(int(entry)):
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if {b"worker.host", b"worker.proc"} & set(argv) and want in env:
-            found.append(int(entry))
+    for p in psutil.process_iter(["cmdline", "environ"], ad_value=None):
+        argv, env = p.info["cmdline"] or [], p.info["environ"] or {}
+        if {"worker.host", "worker.proc"} & set(argv) and env.get("REGENT_HOME") == str(home) \
+                and running(p.pid):
+            found.append(p.pid)
     return found
 
 
@@ -140,7 +129,7 @@ def test_a_sigkilled_host_agent_is_replaced_at_its_address_and_supervises_the_pr
             calls += 1
             try:
                 new = _agent(home)
-                if new["pid"] != dead["pid"] and _running(new["pid"]):
+                if new["pid"] != dead["pid"] and running(new["pid"]):
                     break
             except (OSError, ValueError):
                 pass
@@ -168,7 +157,7 @@ def test_a_sigkilled_host_agent_is_replaced_at_its_address_and_supervises_the_pr
         assert any(e["ev"] == "restart" for e in s._supervisor.events)
         everyone = [*pids, pid]
     # stop_session went to the new agent, which stopped what it adopted and what it started.
-    assert [p for p in everyone if _running(p)] == [], "procs left running after the session ended"
+    assert [p for p in everyone if running(p)] == [], "procs left running after the session ended"
 
 
 def test_a_proc_that_dies_while_no_host_agent_runs_is_reported_by_the_new_one_and_restarted(home):
@@ -180,7 +169,7 @@ def test_a_proc_that_dies_while_no_host_agent_runs_is_reported_by_the_new_one_an
         assert pid != pids[0] and incarnation == 1 and n == 1
         assert mesh.slice(procs=1).incr.call_one().get(timeout=10) == (pids[1], 0, 2)
         everyone = [*pids, pid]
-    assert [p for p in everyone if _running(p)] == []
+    assert [p for p in everyone if running(p)] == []
 
 
 def _ask(peer: RawPeer, host: str, sid: str, op: str, timeout: float = 20.0, epoch: int = 1,
@@ -221,9 +210,9 @@ def test_a_replayed_spawn_gets_the_procs_the_dead_agent_started(home):
         assert again[1]["idx"] == halved[1]["idx"] and again[1]["pid"] != halved[1]["pid"]
         fresh = _ask(peer, host, sid, "spawn_procs", s=3, count=1, envs=env[:1])["procs"]
         everyone = [p["pid"] for p in kept + replaced + again + fresh]
-        assert len(set(everyone)) == 6 and all(_running(p) for p in everyone)
+        assert len(set(everyone)) == 6 and all(running(p) for p in everyone)
         _ask(peer, host, sid, "stop_session")
-        assert [p for p in everyone if _running(p)] == []
+        assert [p for p in everyone if running(p)] == []
     finally:
         peer.close()
 
@@ -254,7 +243,7 @@ def test_a_replacement_that_dies_while_starting_is_started_afresh_when_asked_aga
         assert reply["st"] == "err", reply
         assert "exited with status 3 while starting" in reply["em"]
         again = _ask(peer, host, sid, "respawn_proc", **fields)["procs"]
-        assert len(again) == 1 and _running(again[0]["pid"])
+        assert len(again) == 1 and running(again[0]["pid"])
         assert _ask(peer, host, sid, "respawn_proc", **fields)["procs"] == again  # now deduped
         _ask(peer, host, sid, "stop_session")
     finally:
@@ -283,7 +272,7 @@ def test_a_restarted_agent_reports_deaths_it_saw_before_any_controller_said_hell
         assert kind is Kind.HOST_EVENT and event["ev"] == "proc_died"
         assert event["id"] == procs[0]["id"] and event["status"] is None  # adopted: no exit status
         _ask(peer, host, sid, "stop_session")
-        assert not _running(procs[1]["pid"])
+        assert not running(procs[1]["pid"])
     finally:
         peer.close()
 
@@ -301,9 +290,9 @@ def test_procs_adopted_while_no_controller_is_connected_are_stopped_after_the_or
     _successor(home, dead)
     time.sleep(1.0)
     # Adopted (the orphan timeout counts from adoption: no controller has spoken to this agent) ...
-    assert all(_running(p) for p in pids), "stopped before the orphan timeout"
+    assert all(running(p) for p in pids), "stopped before the orphan timeout"
     # ... and stopped once the session's own orphan timeout (3 s, carried by the procs) has passed.
-    _wait(lambda: not any(_running(p) for p in pids), 15, "orphaned procs stopped")
+    _wait(lambda: not any(running(p) for p in pids), 15, "orphaned procs stopped")
 
 
 def _env(count: int) -> list[dict]:
@@ -381,7 +370,7 @@ def test_a_restarted_agent_refuses_an_epoch_below_one_its_predecessor_saw_and_so
         assert reply["e"] == 7 and "deposed" in reply["em"]
         _ask(peer, host, sid, "hello", epoch=3, expect="fenced")  # no subscribing to the leader's events
         _wait(lambda: len(_alive(peer, host, sid, epoch=7)) == 2, 10, "both procs adopted")
-        assert all(_running(p["pid"]) for p in procs)
+        assert all(running(p["pid"]) for p in procs)
         for p in procs:  # each adopted proc learnt epoch 7 from the agent that adopted it
             peer.call(p["addr"], sid, 3, 10, "nobody", "m", point=p["idx"])
             kind, meta, _ = peer.recv()
@@ -400,7 +389,7 @@ def test_a_restarted_agent_refuses_a_lower_epoch_before_any_proc_has_adopted_it(
         _ask(peer, host, sid, "hello", epoch=7)
         dead = _agent(home)
         os.kill(dead["pid"], signal.SIGKILL)
-        _wait(lambda: not _running(dead["pid"]), 5, "the agent died")
+        _wait(lambda: not running(dead["pid"]), 5, "the agent died")
         assert ensure_local_host() == host  # a successor at the same address, with nothing to adopt
         reply = _ask(peer, host, sid, "hello", epoch=3, expect="fenced")
         assert reply["e"] == 7
@@ -434,7 +423,7 @@ def test_a_restarted_agent_takes_the_epoch_its_procs_saw_when_they_adopt_it(home
         _wait(raised, 10, "an adopted proc raised the new agent's fence to 9")
         reply = _ask(peer, host, sid, "stop_procs", epoch=5, expect="fenced", ids=[p["id"] for p in procs])
         assert reply["e"] == 9
-        assert all(_running(p["pid"]) for p in procs)
+        assert all(running(p["pid"]) for p in procs)
         _ask(peer, host, sid, "stop_session", epoch=9)
     finally:
         peer.close()

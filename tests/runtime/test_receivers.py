@@ -20,7 +20,7 @@ from controller import Session, SupervisionError
 from tests.runtime.rawpeer import RawPeer
 from worker import Actor, endpoint
 from worker._wire import Kind
-from worker.host import ensure_local_host
+from worker.discovery import ensure_local_host
 
 
 class Tally(Actor):

@@ -15,8 +15,8 @@ from tests.runtime.rawpeer import RawPeer
 from worker import Actor, endpoint, errors, schema
 from worker import _wire as wire
 from worker._wire import Kind
+from worker.discovery import ensure_local_host
 from worker.errors import ProtocolError
-from worker.host import ensure_local_host
 
 CAP = 1 << 20
 

@@ -10,18 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from worker.procinfo import running
+
 PROGRAM = Path(__file__).with_name("orphan_program.py")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _start(session: str, orphan_s: float, idle_s: float) -> subprocess.Popen:
@@ -35,9 +26,9 @@ def test_procs_of_an_abandoned_session_are_stopped_after_the_orphan_timeout():
     os.kill(ctl.pid, signal.SIGKILL)
     ctl.wait()
     time.sleep(1.0)
-    assert all(_alive(p) for p in info["pids"]), "stopped before the orphan timeout"
+    assert all(running(p) for p in info["pids"]), "stopped before the orphan timeout"
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in info["pids"]):
+    while any(running(p) for p in info["pids"]):
         assert time.monotonic() < deadline, "orphaned procs still running"
         time.sleep(0.1)
 
@@ -54,5 +45,5 @@ def test_a_failover_inside_the_orphan_timeout_keeps_the_procs():
     replayed = json.loads(standby.stdout.readline())
     assert replayed["pids"] == info["pids"] and replayed["leader"] == standby.pid
     time.sleep(5.0)
-    assert all(_alive(p) for p in info["pids"])
+    assert all(running(p) for p in info["pids"])
     standby.wait(timeout=30)

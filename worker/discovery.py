@@ -1,0 +1,99 @@
+"""Finding this machine's host agent through $REGENT_HOME/host.json, and starting one
+(detached, so it is never the caller's child) when none runs.
+
+The agent publishes its record there; everyone else only reads it. A record whose
+process is gone, or whose pid another process now has, names no agent.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from worker import procinfo
+from worker.security import regent_home
+from worker.transport import valid_address
+
+
+def host_file() -> Path:
+    return regent_home() / "host.json"
+
+
+def host_record() -> dict | None:
+    """What host.json says, whether or not that agent still runs."""
+    try:
+        info = json.loads(host_file().read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int) or not valid_address(info.get("address")):
+        return None
+    return info
+
+
+def live_host_record() -> dict | None:
+    """host.json, if the agent it names is running (a dead agent, or its pid reused, is none)."""
+    info = host_record()
+    if info is None or not procinfo.running(info["pid"]):
+        return None
+    if "start" in info and info["start"] != procinfo.start_ticks(info["pid"]):
+        return None
+    return info
+
+
+def publish(address: str, host_id: str) -> None:
+    """Name this process as the machine's host agent, at `address` (atomically replaced)."""
+    pid = os.getpid()
+    tmp = host_file().with_suffix(f".{pid}.tmp")
+    tmp.write_text(json.dumps({"pid": pid, "start": procinfo.start_ticks(pid),
+                               "address": address, "host": host_id}))
+    os.replace(tmp, host_file())
+
+
+def withdraw() -> None:
+    """Remove host.json if it still names this process (a successor may have replaced it)."""
+    try:
+        if json.loads(host_file().read_text()).get("pid") == os.getpid():
+            host_file().unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def ensure_local_host(timeout: float = 30.0, env: dict[str, str] | None = None) -> str:
+    """Address of this machine's host agent, starting one (detached) if none runs.
+
+    env: the environment to start it with (default: this process's). A proc that
+    restarts its dead agent passes the dead agent's, so the new agent's procs see
+    what the old one's did, not the proc's own device binding."""
+    info = live_host_record()
+    if info:
+        return info["address"]
+    lock_path = regent_home() / "host.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        info = live_host_record()
+        if info:
+            return info["address"]
+        log_path = regent_home() / "host.log"
+        # The launcher forks the agent and exits at once, so the agent is never a
+        # child of this (controller) process: SIGKILL of the controller spares it.
+        if env is None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        else:  # whatever the given PYTHONPATH, the agent must find this very package
+            root = str(Path(__file__).resolve().parent.parent)
+            env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)}
+        subprocess.run(
+            [sys.executable, "-m", "worker.host", "--daemonize", "--log", str(log_path)],
+            env=env, check=True, stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = live_host_record()
+            if info:
+                return info["address"]
+            time.sleep(0.02)
+    raise RuntimeError(f"the host agent did not start within {timeout:.0f} s: see {log_path}")
