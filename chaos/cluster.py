@@ -440,7 +440,7 @@ def _final_line(path: Path) -> dict | None:
 
 
 def _host_pid_or_none() -> int | None:
-    from worker.security import regent_home
+    from wire.security import regent_home
 
     try:
         pid = int(json.loads((regent_home() / "host.json").read_text())["pid"])

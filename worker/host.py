@@ -31,13 +31,11 @@ from typing import NamedTuple
 import structlog
 import zmq
 
-from worker import _wire as wire
-from worker import schema
-from worker._wire import Kind
-from worker.errors import ProtocolError
+import wire
+from wire import Kind, ProtocolError, schema
+from wire.security import load_credentials, regent_home, stop_authenticator
+from wire.transport import Inbox, Outbox, peer_of, valid_address
 from worker.fencing import EpochFence, FenceStore
-from worker.security import load_credentials, regent_home, stop_authenticator
-from worker.transport import Inbox, Outbox, peer_of, valid_address
 
 log = structlog.get_logger("regent.host")
 
