@@ -4,7 +4,7 @@ An actor that notes each execution here appends one line per call to a file of i
 own (one file per mesh, rank and process), so the count survives the process. Each
 line names the call by the digest the controller journals for its arguments, which
 is how the checker joins executions to journaled calls. Only the journal's digest
-contract is used (worker._wire.call_digest); nothing else of the worker.
+contract is used (wire.call_digest); nothing of the worker.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker import _wire as wire
+import wire
 
 __all__ = ["Execution", "Ledger", "read_ledger"]
 

@@ -32,7 +32,7 @@ def proxy_name(link: str) -> str:
 
 def _local_host_address() -> str | None:
     """The host agent's inbox on this machine, from $REGENT_HOME/host.json."""
-    from worker.security import regent_home
+    from wire.security import regent_home
 
     try:
         return json.loads((regent_home() / "host.json").read_text())["address"]

@@ -24,7 +24,7 @@ def _cmd_host(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_keys(args: argparse.Namespace, rest: list[str]) -> int:
-    from worker.security import init_keys
+    from wire.security import init_keys
 
     d = init_keys(force=args.force)
     print(f"CURVE keys in {d}: copy this folder to every host, then set REGENT_SECURE=1")

@@ -23,15 +23,13 @@ import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+import wire
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.futures import Future
 from controller.recorder import OutcomePort
-from worker import _wire as wire
-from worker import schema
-from worker._wire import Kind
-from worker.errors import ProtocolError
-from worker.security import load_credentials, stop_authenticator
-from worker.transport import (
+from wire import Kind, ProtocolError, schema
+from wire.security import load_credentials, stop_authenticator
+from wire.transport import (
     BATCH_MAX_AGE_S,
     Inbox,
     Outbox,
@@ -307,7 +305,7 @@ class Runtime:
             budget = until - time.perf_counter()
 
     def _handle(self, frames: list) -> None:
-        """One received message: its metadata is checked against worker.schema before any of
+        """One received message: its metadata is checked against wire.schema before any of
         it is read; what fails is dropped and logged with its peer."""
         try:
             kind, meta, payload = schema.CONTROLLER.decode(frames)

@@ -25,8 +25,8 @@ from controller.core import Outcome
 from controller.engine import Engine
 from controller.mesh import StreamSink
 from controller.replay import END, START, JournaledCall, NonDeterminismError, ReplayIndex, describe
+from wire.transport import max_message_bytes, refuse_oversized_call
 from worker.errors import RegentError
-from worker.transport import max_message_bytes, refuse_oversized_call
 
 
 class AuditGap(RegentError):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker import _wire as wire
+import wire
 
 
 class Outcome:

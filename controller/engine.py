@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import wire
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.replay import (
     CALL,
@@ -31,7 +32,6 @@ from controller.replay import (
     covered,
 )
 from journal.errors import LeadershipLost
-from worker import _wire as wire
 from worker.dedupe import LARGE_RESULT_BYTES
 from worker.errors import ActorError, DivergenceError, SupervisionError
 

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+import wire
 from controller._runtime import ProcRef
 from controller.edge import sys_path
 from controller.futures import point_of
 from controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View
 from controller.replay import CALL, PROCS
 from controller.supervisor import MeshState, policy_of
-from worker import _wire as wire
-from worker._wire import Kind
+from wire import Kind
 from worker.classref import class_ref
 from worker.errors import SupervisionError
 from worker.supervision import MeshSupervisor

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import structlog
 
+import wire
 from controller.core import Outcome, PendingCall
 from controller.engine import NEVER_DURABLE, Append, Collect, Engine
 from controller.replay import CALLS, RESULTS
-from worker import _wire as wire
 
 log = structlog.get_logger("regent.session")
 

@@ -12,10 +12,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import wire
 from journal import CorruptRecord, Record
-from worker import _wire as wire
+from wire import ProtocolError
 from worker.dedupe import LARGE_RESULT_BYTES
-from worker.errors import ProtocolError, RegentError
+from worker.errors import RegentError
 
 # Record kinds the controller writes.
 START = "start"  # {run, ts}

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+import wire
 from controller._runtime import RESEND_FIRST_S, ProcRef, Wire
 from controller.core import ControllerCore, Outcome, PendingCall
 from controller.edge import Handoff, RunFinished, journal_value_limit, open_edge
@@ -31,11 +32,10 @@ from controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSin
 from controller.recorder import Recorder, append
 from controller.replay import CALL, END, JournaledCall, NonDeterminismError
 from journal import LeadershipLost
-from worker import _wire as wire
-from worker._wire import Kind
+from wire import Kind
+from wire.transport import PeerGone
 from worker.errors import FencedError, SupervisionError
 from worker.logsetup import configure_logging
-from worker.transport import PeerGone
 
 log = structlog.get_logger("regent.session")
 

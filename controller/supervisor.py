@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from worker._wire import Kind
+from wire import Kind
+from wire.transport import PeerGone
 from worker.errors import SupervisionError
 from worker.supervision import MeshSupervisor, RestartPolicy
-from worker.transport import PeerGone
 
 if TYPE_CHECKING:
     from controller._runtime import ProcRef, Runtime

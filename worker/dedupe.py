@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from worker._wire import Kind
+from wire import Kind
 from worker.errors import DivergenceError
 
 # Results larger than this are kept until the checkpoint watermark, smaller ones

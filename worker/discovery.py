@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from wire.security import regent_home
+from wire.transport import valid_address
 from worker import procinfo
-from worker.security import regent_home
-from worker.transport import valid_address
 
 
 def host_file() -> Path:

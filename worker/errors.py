@@ -1,14 +1,18 @@
 """Errors that cross the wire between workers and the controller.
 
 They live in `worker` because the controller imports worker types, never the
-reverse. Each carries enough context for a person to act on it.
+reverse. Each carries enough context for a person to act on it. The wire's own errors
+(and their base, RegentError) live in `wire.errors`, below both, and are re-exported here.
 """
 
 from __future__ import annotations
 
+from wire.errors import MessageTooLarge, ProtocolError, RegentError
 
-class RegentError(Exception):
-    """Base class of every error regent raises on purpose."""
+__all__ = [
+    "ActorError", "ActorExit", "DivergenceError", "FencedError", "MessageTooLarge",
+    "ProtocolError", "RegentError", "SupervisionError",
+]
 
 
 class ActorError(RegentError):
@@ -58,15 +62,6 @@ class FencedError(RegentError):
 class DivergenceError(RegentError):
     """The same call id arrived with a different argument digest: the program is not
     deterministic, or two controllers disagree. The call was not run again."""
-
-
-class ProtocolError(RegentError):
-    """A frame could not be parsed (garbage, truncated, oversized, wrong version)."""
-
-
-class MessageTooLarge(RegentError, ValueError):
-    """A message is above REGENT_MAX_MESSAGE_BYTES (all its frames together), so it was not
-    sent: its receiver would drop it."""
 
 
 class ActorExit(Exception):  # noqa: N818 - a way out, like SystemExit

@@ -28,13 +28,12 @@ from typing import NamedTuple
 import structlog
 import zmq
 
-from worker import _wire as wire
-from worker import discovery, procinfo, schema
-from worker._wire import Kind
-from worker.errors import ProtocolError
+import wire
+from wire import Kind, ProtocolError, schema
+from wire.security import load_credentials, regent_home, stop_authenticator
+from wire.transport import Inbox, Outbox, peer_of, valid_address
+from worker import discovery, procinfo
 from worker.fencing import EpochFence, FenceStore
-from worker.security import load_credentials, regent_home, stop_authenticator
-from worker.transport import Inbox, Outbox, peer_of, valid_address
 
 log = structlog.get_logger("regent.host")
 
@@ -240,7 +239,7 @@ class HostAgent:
             return
         if kind is not Kind.HOST_REQ:
             raise ProtocolError(f"a host agent does not accept {kind.name}")
-        sid, epoch, op = meta["sid"], meta["e"], meta["op"]  # worker.schema.HostRequest
+        sid, epoch, op = meta["sid"], meta["e"], meta["op"]  # wire.schema.HostRequest
         n = meta.get("n")
         if sid in self.stopped and sid not in self.sessions:
             # Its controller ended it here: nothing to report, nothing to start again.
@@ -405,7 +404,7 @@ class HostAgent:
         return proc
 
     def _on_ready(self, meta: dict) -> None:
-        sid, proc_id, addr = meta["sid"], meta["id"], meta["addr"]  # worker.schema.ProcReady
+        sid, proc_id, addr = meta["sid"], meta["id"], meta["addr"]  # wire.schema.ProcReady
         state = self.sessions.get(sid)
         proc = state.procs.get(proc_id) if state else None
         if proc is None or not valid_address(addr):
@@ -464,7 +463,7 @@ class HostAgent:
         """A proc whose agent died asks this one to supervise it. The claim is checked against
         the kernel (its pidfd, its command line) before this agent will ever signal that pid."""
         sid, proc_id, index, pid, addr = (meta["sid"], meta["id"], meta["idx"], meta["pid"],
-                                          meta["addr"])  # worker.schema.ProcAdopt
+                                          meta["addr"])  # wire.schema.ProcAdopt
         if not valid_address(addr):
             raise ProtocolError(f"adoption request without a valid proc address: {addr!r}")
         n = meta.get("n")

@@ -33,17 +33,10 @@ import structlog
 import tenacity
 import zmq
 
-from worker import _wire as wire
-from worker import schema
-from worker._wire import Kind
-from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
-from worker.classref import load_class
-from worker.dedupe import CallIdentity, DedupeCache
-from worker.discovery import ensure_local_host
-from worker.errors import ActorExit, DivergenceError, MessageTooLarge, ProtocolError
-from worker.fencing import EpochFence
-from worker.security import load_credentials, stop_authenticator
-from worker.transport import (
+import wire
+from wire import Kind, MessageTooLarge, ProtocolError, schema
+from wire.security import load_credentials, stop_authenticator
+from wire.transport import (
     Inbox,
     Outbox,
     max_message_bytes,
@@ -54,6 +47,12 @@ from worker.transport import (
     spin_until_readable,
     valid_address,
 )
+from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
+from worker.classref import load_class
+from worker.dedupe import CallIdentity, DedupeCache
+from worker.discovery import ensure_local_host
+from worker.errors import ActorExit, DivergenceError
+from worker.fencing import EpochFence
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
@@ -338,7 +337,7 @@ class ProcRuntime:
                 self._reply(rt, Kind.PONG, {"id": self.proc_id, "pid": os.getpid(), "n": meta.get("n"),
                                             "cached": len(self.dedupe), "epoch": self.fence.epoch})
             return
-        if meta["sid"] != self.session:  # worker.schema: CALL, SPAWN, STOP, FENCE, WATERMARK carry both
+        if meta["sid"] != self.session:  # wire.schema: CALL, SPAWN, STOP, FENCE, WATERMARK carry both
             raise ProtocolError(f"message for session {meta['sid']!r}, this proc serves {self.session!r}")
         epoch = meta["e"]
         rt = meta.get("rt")
@@ -373,7 +372,7 @@ class ProcRuntime:
     def _admit(self, kind: Kind, meta: dict, rt: str | None) -> tuple[str, int, int, str] | None:
         """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point, method)
         to run. A message reusing an id for anything else is refused by the cache."""
-        seq, actor, point, method = meta["s"], meta["a"], meta["pt"], meta["m"]  # worker.schema.Call
+        seq, actor, point, method = meta["s"], meta["a"], meta["pt"], meta["m"]  # wire.schema.Call
         identity = CallIdentity(kind, method, point, meta["d"])
         try:
             verdict, cached = self.dedupe.admit(seq, actor, identity, rt)

@@ -9,6 +9,7 @@ import collections
 import os
 import time
 
+import wire
 from chaos.checker import run_records
 from controller import Session
 from controller.export import export_jsonl
@@ -17,7 +18,6 @@ from controller.timeline import timeline
 from journal import open_journal
 from tests.runtime.rawpeer import RawPeer
 from worker import Actor, endpoint
-from worker import _wire as wire
 
 BURST = 400
 

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import time
 
+import wire
 from controller import Session
 from journal import open_journal
 from tests.failover.harness import Cluster
 from tests.runtime.rawpeer import RawPeer
+from wire import Kind
 from worker import Actor, endpoint
-from worker import _wire as wire
-from worker._wire import Kind
 
 
 def test_takeover_resumes_from_the_checkpoint_and_compaction_keeps_the_journal_valid(tmp_path):

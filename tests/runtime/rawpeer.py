@@ -7,9 +7,9 @@ import collections
 
 import zmq
 
-from worker import _wire as wire
-from worker._wire import Kind
-from worker.security import Credentials, load_credentials, secure_client, secure_server
+import wire
+from wire import Kind
+from wire.security import Credentials, load_credentials, secure_client, secure_server
 
 
 class RawPeer:

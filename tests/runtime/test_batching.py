@@ -1,4 +1,4 @@
-"""Batched sends (worker/_wire.py BATCH): many calls or replies travel in one message,
+"""Batched sends (wire/protocol.py BATCH): many calls or replies travel in one message,
 and each one inside is validated and handled as if it had come alone. A bad batch, or a
 bad message in a batch, is dropped; the proc keeps serving; per-sender FIFO holds across
 batch boundaries; nothing the program queued waits for a later call to go out."""
@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import wire
 from controller import Session
 from tests.runtime.rawpeer import RawPeer
+from wire import Kind, ProtocolError
+from wire.security import load_credentials
+from wire.transport import wait_until
 from worker import Actor, endpoint
-from worker import _wire as wire
-from worker._wire import Kind
-from worker.errors import ProtocolError
-from worker.security import load_credentials
-from worker.transport import wait_until
 
 
 class Log(Actor):

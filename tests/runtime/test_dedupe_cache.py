@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker._wire import Kind
+from wire import Kind
 from worker.dedupe import LARGE_RESULT_BYTES, CallIdentity, DedupeCache
 from worker.errors import DivergenceError
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import wire
 from controller.core import Outcome
 from controller.engine import (
     COLLECTED,
@@ -20,7 +21,6 @@ from controller.engine import (
 )
 from controller.replay import CALL, OBS, RESULT, START, NonDeterminismError, ReplayIndex
 from journal import Record
-from worker import _wire as wire
 from worker.dedupe import LARGE_RESULT_BYTES
 
 # --- the durability rule ----------------------------------------------------------------

@@ -16,15 +16,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+import wire
 from controller import Session, SupervisionError
 from tests.runtime.rawpeer import RawPeer
+from wire import Kind
+from wire.security import load_credentials
 from worker import Actor, context, endpoint
-from worker import _wire as wire
-from worker._wire import Kind
 from worker.discovery import ensure_local_host
 from worker.fencing import FenceStore
 from worker.procinfo import running
-from worker.security import load_credentials
 from worker.supervision import RestartPolicy
 
 ORPHAN_PROGRAM = Path(__file__).resolve().parent.parent / "supervision" / "orphan_program.py"

@@ -18,8 +18,8 @@ import pytest
 
 from controller import Session, SupervisionError
 from tests.runtime.rawpeer import RawPeer
+from wire import Kind
 from worker import Actor, endpoint
-from worker._wire import Kind
 from worker.discovery import ensure_local_host
 
 
@@ -185,7 +185,7 @@ def test_results_are_released_when_the_watermark_passes(tally):
     addr = mesh._procs[0].address
     peer.call(addr, s.sid, s.epoch, 50_000, "tally", "add", (1,))
     _result(peer)
-    from worker import _wire as wire
+    import wire
 
     peer.send(addr, wire.encode(Kind.WATERMARK, {"sid": s.sid, "e": s.epoch, "dw": 50_000, "cw": -1}))
     time.sleep(0.1)

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import zmq
 
+import wire
 from controller import Session
 from controller.replay import CALL, START
 from journal import GroupCommitWriter, open_journal
 from tests.runtime.fakeagent import ListenerWithoutSecret
 from tests.runtime.rawpeer import RawPeer
+from wire import Kind
+from wire.security import Credentials, is_loopback, load_credentials, secure_server
 from worker import Actor, endpoint
-from worker import _wire as wire
-from worker._wire import Kind
-from worker.security import Credentials, is_loopback, load_credentials, secure_server
 
 
 class Echo(Actor):

@@ -1,4 +1,4 @@
-"""Readers spin briefly before they sleep (worker/transport.py spin_budget_s): the
+"""Readers spin briefly before they sleep (wire/transport.py spin_budget_s): the
 controller while it waits for a result, a proc after it has answered. The spin is
 bounded: a long call does not burn its waiter's CPU, an idle proc goes back to sleep,
 and a proc's event loop still runs its timers and tasks while calls keep arriving."""
@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from controller import Session
+from wire.transport import DEFAULT_SPIN_US, spin_budget_s
 from worker import Actor, endpoint
-from worker.transport import DEFAULT_SPIN_US, spin_budget_s
 
 
 def _cpu_s(pid: int) -> float:

@@ -1,5 +1,5 @@
 """Untrusted fields and sizes: every field a receiver reads from the network is checked
-against worker.schema first, and REGENT_MAX_MESSAGE_BYTES bounds a whole message, not
+against wire.schema first, and REGENT_MAX_MESSAGE_BYTES bounds a whole message, not
 each frame. What fails is dropped and logged with its peer; the program's calls go on."""
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import wire
 from controller import ActorError, Session
 from tests.runtime.rawpeer import RawPeer
-from worker import Actor, endpoint, errors, schema
-from worker import _wire as wire
-from worker._wire import Kind
+from wire import Kind, ProtocolError, schema
+from worker import Actor, endpoint
 from worker.discovery import ensure_local_host
-from worker.errors import ProtocolError
 
 CAP = 1 << 20
 
@@ -252,7 +251,7 @@ def test_a_host_agent_drops_a_request_over_the_cap_in_frames_each_under_it(cappe
 def test_a_call_over_the_cap_is_refused_with_the_limit_named_and_the_session_goes_on(capped_home):
     with Session("capped-call") as s:
         mesh = s.spawn_procs(per_host={"procs": 1}).spawn("store", Store)
-        with pytest.raises(errors.MessageTooLarge, match=rf"above the {CAP}-byte .*REGENT_MAX_MESSAGE_BYTES"):
+        with pytest.raises(wire.MessageTooLarge, match=rf"above the {CAP}-byte .*REGENT_MAX_MESSAGE_BYTES"):
             mesh.add.call_one(b"x" * (2 * CAP)).get(timeout=5)
         assert mesh.add.call_one(1).get(timeout=10) == 1
         assert mesh.history.call_one().get(timeout=10) == ["int"]

@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 import msgspec
 from msgspec import Meta
 
-from worker import _wire as wire
-from worker._wire import Kind
-from worker.errors import ProtocolError
+from wire import protocol
+from wire.errors import ProtocolError
+from wire.protocol import Kind
 
 _I64 = 2**63 - 1
 
@@ -33,7 +33,7 @@ SessionId = Annotated[str, Meta(max_length=256)]
 Name = Annotated[str, Meta(max_length=1024)]  # actor, method, proc and host ids
 Address = Annotated[str, Meta(max_length=255, pattern="^(tcp|ipc)://")]  # an inbox to reply to
 Digest = Annotated[bytes, Meta(max_length=64)]
-Text = Annotated[str, Meta(max_length=wire.MAX_META_BYTES)]  # error messages and tracebacks
+Text = Annotated[str, Meta(max_length=protocol.MAX_META_BYTES)]  # error messages and tracebacks
 Seconds = Annotated[float, Meta(ge=0)]
 Env = Annotated[dict[Annotated[str, Meta(max_length=1024)], Annotated[str, Meta(max_length=65536)]],
                 Meta(max_length=1024)]
@@ -211,8 +211,8 @@ class Batch(TypedDict):
     """BATCH: the frame lengths of each message it carries (split_batch checks they fit)."""
 
     n: Annotated[list[Annotated[list[Annotated[int, Meta(ge=0)]],
-                                Meta(min_length=1, max_length=wire.BATCH_MESSAGE_FRAMES)]],
-                 Meta(min_length=1, max_length=wire.MAX_BATCH)]
+                                Meta(min_length=1, max_length=protocol.BATCH_MESSAGE_FRAMES)]],
+                 Meta(min_length=1, max_length=protocol.MAX_BATCH)]
 
 
 class Receiver:
@@ -225,7 +225,7 @@ class Receiver:
 
     def decode(self, frames: Sequence[Any]) -> tuple[Kind, dict, list]:
         """Kind, validated metadata and payload frames of one message, or ProtocolError."""
-        kind, body, payload = wire.decode_head(frames)
+        kind, body, payload = protocol.decode_head(frames)
         decoder = self._decoders.get(kind)
         if decoder is None:
             raise ProtocolError(f"a {self.name} does not accept {kind.name} messages")

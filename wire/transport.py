@@ -16,9 +16,9 @@ from typing import Any
 import structlog
 import zmq
 
-from worker import _wire as wire
-from worker.errors import MessageTooLarge
-from worker.security import Credentials, secure_client, secure_server
+from wire import protocol
+from wire.errors import MessageTooLarge
+from wire.security import Credentials, secure_client, secure_server
 
 log = structlog.get_logger("regent.transport")
 
@@ -102,7 +102,7 @@ def peer_of(frame: object) -> str:
 def _kind_name(frames: list) -> str:
     head = frames[0] if frames else b""
     try:
-        return wire.Kind(head[3]).name if len(head) > 3 else "malformed"
+        return protocol.Kind(head[3]).name if len(head) > 3 else "malformed"
     except ValueError:
         return "malformed"
 
@@ -120,7 +120,7 @@ def refuse_oversized_call(actor: str, method: str, frames: Sequence[Any], limit:
     """MessageTooLarge if a call of actor.method with these argument frames would be above
     `limit` bytes. Its metadata is bounded from above: header, keys and ints (128 bytes) and
     the strings in it (actor, method and `names`: session id, reply address)."""
-    size = wire.payload_size(frames)
+    size = protocol.payload_size(frames)
     if size + 4096 > limit:  # a call with less payload always fits (see Runtime.refuse_oversized_call)
         size += 128 + sum(len(x.encode()) for x in (actor, method, *names))
         if size > limit:
@@ -208,7 +208,7 @@ class Peer:
         self._alive: Callable[[], bool] | None = None
         self._dirty = dirty  # the owner's set of peers with something queued
         self.max_message = max_message_bytes()  # what the peer accepts, as far as we know
-        self._batch_bytes = wire.batch_bytes(self.max_message)
+        self._batch_bytes = protocol.batch_bytes(self.max_message)
         self.sock = ctx.socket(zmq.PUSH)
         secure_client(self.sock, creds)
         self.sock.sndhwm = HWM
@@ -261,11 +261,11 @@ class Peer:
         """Add a message to the next batch. The batch goes out when it is full or older
         than BATCH_MAX_AGE_S (checked here), or on `flush`; PeerGone if alive() turns
         false while a full peer makes this wait; MessageTooLarge as `send`."""
-        size = wire.message_bytes(msg)
+        size = protocol.message_bytes(msg)
         if size + len(msg[0]) > self.max_message:
             refuse_oversized(msg, self.max_message, self.address)
         with self.lock:
-            if not wire.batchable(msg, size):
+            if not protocol.batchable(msg, size):
                 if self._queued:
                     self._flush_locked(True)
                 self._send_locked(msg, alive)
@@ -280,7 +280,7 @@ class Peer:
             self._queued.append(msg)
             self._queued_bytes += size + len(msg[0])  # the header too: a batch is one message
             self._alive = alive
-            if (len(self._queued) >= wire.BATCH_MESSAGES
+            if (len(self._queued) >= protocol.BATCH_MESSAGES
                     or self._queued_bytes >= self._batch_bytes
                     or now - self.queued_since >= BATCH_MAX_AGE_S):
                 self._flush_locked(True)
@@ -301,7 +301,7 @@ class Peer:
         msgs = self._queued
         if not msgs:
             return True
-        frames = msgs[0] if len(msgs) == 1 else wire.encode_batch(msgs)
+        frames = msgs[0] if len(msgs) == 1 else protocol.encode_batch(msgs)
         if block:
             try:
                 self._send_locked(frames, self._alive)

@@ -22,8 +22,8 @@ import cloudpickle
 import msgpack
 import xxhash
 
-from worker.errors import ProtocolError
-from worker.packing import packer as _packer
+from wire.errors import ProtocolError
+from wire.packing import packer as _packer
 
 MAGIC = b"RG"
 VERSION = 1
@@ -88,7 +88,7 @@ class PointMessages:
 
 def decode_head(frames: Sequence[Any]) -> tuple[Kind, Any, list]:
     """Kind, metadata bytes (still to be decoded) and payload frames of one message, its
-    header checked; raises ProtocolError naming the defect. worker.schema decodes the
+    header checked; raises ProtocolError naming the defect. wire.schema decodes the
     metadata of what a receiver accepts; `decode` decodes any metadata untyped."""
     if not frames:
         raise ProtocolError("empty message")
@@ -112,7 +112,7 @@ def decode_head(frames: Sequence[Any]) -> tuple[Kind, Any, list]:
 
 def decode(frames: Sequence[Any]) -> tuple[Kind, dict, list]:
     """Parse one message, its metadata untyped (journal records, tools); receivers use
-    worker.schema, which validates every field. Raises ProtocolError naming the defect."""
+    wire.schema, which validates every field. Raises ProtocolError naming the defect."""
     kind, body, payload = decode_head(frames)
     try:
         meta = msgpack.unpackb(body, raw=False, strict_map_key=True)
