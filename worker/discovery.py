@@ -83,8 +83,9 @@ def ensure_local_host(timeout: float = 30.0, env: dict[str, str] | None = None) 
         # child of this (controller) process: SIGKILL of the controller spares it.
         if env is None:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        else:  # whatever the given PYTHONPATH, the agent must find this very package
-            root = str(Path(__file__).resolve().parent.parent)
+        else:  # whatever the given PYTHONPATH, the agent must find this very package: the
+            # folder that holds regent/ (the checkout, or site-packages for a wheel)
+            root = str(Path(str(sys.modules["regent"].__file__)).resolve().parents[1])
             env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)}
         subprocess.run(
             [sys.executable, "-m", "worker.host", "--daemonize", "--log", str(log_path)],
