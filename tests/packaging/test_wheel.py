@@ -18,6 +18,12 @@ PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
 DIST_INFO = f"regent-{PYPROJECT['project']['version']}.dist-info"
 
 
+def _without_pythonpath() -> dict[str, str]:
+    """pip's environment: a checkout on PYTHONPATH holds regent.egg-info (an editable install),
+    and pip would take regent for installed already."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel, built from a copy of what it is made of (setuptools writes build/ beside it)."""
@@ -30,7 +36,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(out), str(src)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env=_without_pythonpath(),
     )
     assert done.returncode == 0, f"pip wheel failed (needs setuptools>=70.1 here):\n{done.stderr}"
     (built,) = out.glob("regent-*.whl")
@@ -65,7 +71,8 @@ def test_a_fresh_venv_with_the_wheel_imports_regent_and_no_bare_part(wheel: Path
                    timeout=60)
     py = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=120)
+                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=120,
+                   env=_without_pythonpath())
     # The dependencies (torch, pyzmq, ...) come from this interpreter's site-packages, listed in
     # a .pth after the venv's own: their .pth files (an editable regent among them) do not run.
     purelib = next((venv / "lib").glob("python3*/site-packages"))
