@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from worker import Actor, endpoint
+from regent.worker import Actor, endpoint
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -371,7 +371,7 @@ def _stop_host_agent(home: Path) -> None:
 
 
 def run_regent(sizes: Sizes, journal: str | None) -> dict[str, Any]:
-    from controller import Session
+    from regent.controller import Session
 
     with private_regent_home():
         t0 = time.perf_counter()

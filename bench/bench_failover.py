@@ -49,9 +49,9 @@ from bench_core import (  # noqa: E402
     run_and_report,
 )
 
-from controller.futures import Future  # noqa: E402
+from regent.controller.futures import Future  # noqa: E402
+from regent.worker import Actor, endpoint  # noqa: E402
 from tests.support.etcd import EtcdServer, etcd_available  # noqa: E402
-from worker import Actor, endpoint  # noqa: E402
 
 PROGRAM = HERE / "programs" / "failover_loop.py"
 T = TypeVar("T")
@@ -340,7 +340,7 @@ def overhead_child(url: str, warmup: int) -> None:
     Reads one JSON command per line on stdin and answers one JSON line on stdout:
     {"op": "pipelined", "n": N} -> rate and the process's CPU; {"op": "round_trips", "n": N}
     -> latencies in ns. Everything else this process writes goes to stderr."""
-    from controller import Session
+    from regent.controller import Session
 
     answer = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -519,8 +519,8 @@ def _median_and_interval(values: list[float], digits: int) -> dict[str, Any]:
 def read_and_match(journal_url: str, session: str, repeats: int) -> dict[str, Any]:
     """What a standby does before and during replay, without the program around it: read the
     journal (decode and checksums), index it, and check every journaled call against it."""
-    from controller.replay import ReplayIndex, expand
-    from journal import open_journal
+    from regent.controller.replay import ReplayIndex, expand
+    from regent.journal import open_journal
 
     journal = open_journal(journal_url)
     try:
@@ -778,8 +778,8 @@ def etcd_server(kind: Callable[[], EtcdServer] = EtcdServer) -> Iterator[EtcdSer
 def run_campaigns(journals: dict[str, str], repeats: int) -> dict[str, Any]:
     """What winning a free session costs, the last step of every takeover after the leader key
     is gone (campaign returns once the next lsn is known), and what resigning costs."""
-    from journal import open_journal
-    from worker.logsetup import configure_logging
+    from regent.journal import open_journal
+    from regent.worker.logsetup import configure_logging
 
     configure_logging(only_if_unconfigured=True)
     out: dict[str, Any] = {}

@@ -24,7 +24,7 @@ import structlog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from journal import GroupCommitWriter, Journal, open_journal  # noqa: E402
+from regent.journal import GroupCommitWriter, Journal, open_journal  # noqa: E402
 from tests.support.etcd import EtcdServer, etcd_available  # noqa: E402
 
 

@@ -27,7 +27,7 @@ MONARCH_TCP_GBPS = 0.81
 
 
 def _owner(sizes: list[int], plain_tcp: int, to_parent: Any, from_parent: Any) -> None:
-    from hipcore import rdma
+    from regent.hipcore import rdma
 
     keep = []
     handles = {}

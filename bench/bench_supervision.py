@@ -22,10 +22,10 @@ from pathlib import Path
 
 os.environ.setdefault("REGENT_HOME", tempfile.mkdtemp(prefix="regent-bench-sup-"))
 
-from controller import Session, SupervisionError  # noqa: E402
-from worker import Actor, context, endpoint  # noqa: E402
-from worker.errors import ActorExit  # noqa: E402
-from worker.supervision import RestartPolicy  # noqa: E402
+from regent.controller import Session, SupervisionError  # noqa: E402
+from regent.worker import Actor, context, endpoint  # noqa: E402
+from regent.worker.errors import ActorExit  # noqa: E402
+from regent.worker.supervision import RestartPolicy  # noqa: E402
 
 
 class Victim(Actor):

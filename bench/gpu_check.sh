@@ -27,7 +27,7 @@ export REGENT_HIPCORE_BACKEND="$flavour"
 export REGENT_HIPCORE_RDMA_ADDR=127.0.0.1
 {
     echo "backend: $flavour"
-    "$PY" -c "import hipcore; i = hipcore.backend(); print(i.name, '|', i.reason)"
+    "$PY" -c "from regent import hipcore; i = hipcore.backend(); print(i.name, '|', i.reason)"
     "$PY" -c "import torch; print(torch.__version__, [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
     (command -v nvidia-smi >/dev/null && nvidia-smi -L) || (command -v rocm-smi >/dev/null && rocm-smi --showproductname) || true
 } 2>&1 | tee "$OUT/env.txt"

@@ -4,7 +4,7 @@ Drives the system under test from outside only (see docs/design.md, "Chaos"): it
 addresses and pids, never the internals of controller, worker or journal.
 """
 
-from chaos.faults import (
+from regent.chaos.faults import (
     FaultEvent,
     FaultLog,
     ProcessFaultError,
@@ -15,9 +15,9 @@ from chaos.faults import (
     release,
     resume,
 )
-from chaos.net import ChaosNet, UnknownLinkError
-from chaos.runner import ScheduleRunner
-from chaos.schedule import (
+from regent.chaos.net import ChaosNet, UnknownLinkError
+from regent.chaos.runner import ScheduleRunner
+from regent.chaos.schedule import (
     FAULT_KINDS,
     LINK_KINDS,
     PROCESS_KINDS,
@@ -28,8 +28,8 @@ from chaos.schedule import (
     parse_schedule,
     random_schedule,
 )
-from chaos.toxics import TOXICS, ToxicValidationError, validate_toxic
-from chaos.toxiproxy import (
+from regent.chaos.toxics import TOXICS, ToxicValidationError, validate_toxic
+from regent.chaos.toxiproxy import (
     Proxy,
     Toxic,
     ToxiproxyClient,

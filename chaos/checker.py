@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.faults import FaultEvent
-from chaos.ledger import Execution
-from controller.replay import expand
+from regent.chaos.faults import FaultEvent
+from regent.chaos.ledger import Execution
+from regent.controller.replay import expand
 
 __all__ = ["CALL_KINDS", "ChaosReport", "FaultEffect", "check_run", "percentile"]
 

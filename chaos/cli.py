@@ -8,11 +8,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from chaos.cluster import WORKLOAD
-from chaos.etcd import LocalEtcd
-from chaos.run import fault_free, run_schedule
-from chaos.schedule import load_schedule
-from chaos.toxiproxy import ToxiproxyServer
+from regent.chaos.cluster import WORKLOAD
+from regent.chaos.etcd import LocalEtcd
+from regent.chaos.run import fault_free, run_schedule
+from regent.chaos.schedule import load_schedule
+from regent.chaos.toxiproxy import ToxiproxyServer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

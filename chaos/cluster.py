@@ -28,12 +28,12 @@ from typing import Any
 import psutil
 import structlog
 
-from chaos import faults as process_faults
-from chaos.faults import FaultLog
-from chaos.links import ENV_TOXIPROXY, proxy_name
-from chaos.net import ChaosNet
-from chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer, ToxiproxyWatchdog
-from worker import discovery, procinfo
+from regent.chaos import faults as process_faults
+from regent.chaos.faults import FaultLog
+from regent.chaos.links import ENV_TOXIPROXY, proxy_name
+from regent.chaos.net import ChaosNet
+from regent.chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer, ToxiproxyWatchdog
+from regent.worker import discovery, procinfo
 
 __all__ = ["ChaosCluster", "Controller", "RoleNet", "WORKLOAD"]
 

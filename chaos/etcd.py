@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import quote
 
-from chaos import faults
+from regent.chaos import faults
 
 __all__ = ["LocalEtcd", "TlsFiles", "etcd_binary"]
 

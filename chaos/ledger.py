@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import wire
+from regent import wire
 
 __all__ = ["Execution", "Ledger", "read_ledger"]
 

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable
 
-from chaos.toxiproxy import ToxiproxyClient, ToxiproxyError
+from regent.chaos.toxiproxy import ToxiproxyClient, ToxiproxyError
 
 __all__ = ["ENV_TOXIPROXY", "ProxiedLinks", "links_from_env", "proxy_name"]
 
@@ -32,7 +32,7 @@ def proxy_name(link: str) -> str:
 
 def _local_host_address() -> str | None:
     """The host agent's inbox on this machine, from $REGENT_HOME/host.json."""
-    from wire.security import regent_home
+    from regent.wire.security import regent_home
 
     try:
         return json.loads((regent_home() / "host.json").read_text())["address"]

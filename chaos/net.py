@@ -14,8 +14,8 @@ from typing import Any
 
 import structlog
 
-from chaos.faults import FaultLog
-from chaos.toxiproxy import Proxy, Toxic, ToxiproxyClient, ToxiproxyServer
+from regent.chaos.faults import FaultLog
+from regent.chaos.toxiproxy import Proxy, Toxic, ToxiproxyClient, ToxiproxyServer
 
 __all__ = ["ChaosNet", "UnknownLinkError"]
 

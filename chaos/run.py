@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.checker import ChaosReport, check_run
-from chaos.cluster import ChaosCluster
-from chaos.ledger import read_ledger
-from chaos.runner import ScheduleRunner
-from chaos.schedule import Schedule
-from chaos.toxiproxy import ToxiproxyServer
+from regent.chaos.checker import ChaosReport, check_run
+from regent.chaos.cluster import ChaosCluster
+from regent.chaos.ledger import read_ledger
+from regent.chaos.runner import ScheduleRunner
+from regent.chaos.schedule import Schedule
+from regent.chaos.toxiproxy import ToxiproxyServer
 
 __all__ = ["ChaosRun", "fault_free", "run_schedule"]
 
@@ -29,7 +29,7 @@ class ChaosRun:
 
 
 def _journal_view(etcd_url: str, session: str) -> tuple[list, Any]:
-    from journal import open_journal
+    from regent.journal import open_journal
 
     j = open_journal(etcd_url)
     try:

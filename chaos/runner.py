@@ -13,11 +13,11 @@ from typing import Any
 
 import structlog
 
-from chaos import faults as process_faults
-from chaos.faults import FaultEvent, FaultLog
-from chaos.net import ChaosNet
-from chaos.schedule import PROCESS_KINDS, Fault, Schedule
-from chaos.toxics import TOXICS
+from regent.chaos import faults as process_faults
+from regent.chaos.faults import FaultEvent, FaultLog
+from regent.chaos.net import ChaosNet
+from regent.chaos.schedule import PROCESS_KINDS, Fault, Schedule
+from regent.chaos.toxics import TOXICS
 
 __all__ = ["ProcessRef", "ScheduleRunner"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.toxics import STREAMS, TOXICS, ToxicValidationError, validate_toxic
+from regent.chaos.toxics import STREAMS, TOXICS, ToxicValidationError, validate_toxic
 
 __all__ = [
     "FAULT_KINDS",

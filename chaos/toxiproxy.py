@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 import tenacity
 
-from chaos.toxics import validate_toxic
+from regent.chaos.toxics import validate_toxic
 
 __all__ = [
     "Proxy",

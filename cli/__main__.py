@@ -1,7 +1,7 @@
-"""`python -m cli ...` runs the `regent` command line (what tests and demos spawn)."""
+"""`python -m regent.cli ...` runs the `regent` command line (what tests and demos spawn)."""
 
 import sys
 
-from cli.main import main
+from regent.cli.main import main
 
 sys.exit(main())

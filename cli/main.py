@@ -17,14 +17,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _cmd_host(args: argparse.Namespace, rest: list[str]) -> int:
-    from worker.host import main as host_main
+    from regent.worker.host import main as host_main
 
     host_main(rest)
     return 0
 
 
 def _cmd_keys(args: argparse.Namespace, rest: list[str]) -> int:
-    from wire.security import init_keys
+    from regent.wire.security import init_keys
 
     d = init_keys(force=args.force)
     print(f"CURVE keys in {d}: copy this folder to every host, then set REGENT_SECURE=1")
@@ -70,19 +70,19 @@ def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_chaos(args: argparse.Namespace, rest: list[str]) -> int:
-    from chaos.cli import run
+    from regent.chaos.cli import run
 
     return run(args)
 
 
 def _open(args: argparse.Namespace):
-    from journal import open_journal
+    from regent.journal import open_journal
 
     return open_journal(args.journal)
 
 
 def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
-    from controller.timeline import Filter, timeline
+    from regent.controller.timeline import Filter, timeline
 
     j = _open(args)
     try:
@@ -127,7 +127,7 @@ def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
     finally:
         j.close()
     if args.journal_command == "replay":
-        from controller.audit import replay_program
+        from regent.controller.audit import replay_program
 
         report = replay_program(args.program, args.session, records, checkpoint, rest, url)
         print(report.render(), file=sys.stderr)
@@ -146,7 +146,7 @@ def _with_bar(records, j, session: str, what: str):
 def _export(j, args: argparse.Namespace) -> int:
     import json
 
-    from controller.export import export_jsonl, export_perfetto
+    from regent.controller.export import export_jsonl, export_perfetto
 
     records = _with_bar(j.read(args.session), j, args.session, f"exporting {args.session}")
     out = open(args.output, "w") if args.output and args.output != "-" else sys.stdout
@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--standby", type=int, default=1, help="number of standby controllers (default 1)")
     chaos = sub.add_parser("chaos", help="fault injection: run a program under a scenario and check it")
     chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True)
-    from chaos.cli import add_arguments as _chaos_arguments
+    from regent.chaos.cli import add_arguments as _chaos_arguments
 
     _chaos_arguments(chaos_sub.add_parser("run", help="run SCENARIO (a .toml or .json file), print the report"))
     jr = sub.add_parser("journal", help="inspect a session's journal")

@@ -1,15 +1,15 @@
 """The controller: the user's program drives a cluster through a Session.
 
-    from controller import Session, Actor, endpoint
+    from regent import Session, Actor, endpoint
 """
 
-from controller.futures import Future, Point, ValueMesh
-from controller.mesh import ActorMesh, Endpoint, HostMesh, ProcMesh
-from controller.replay import NonDeterminismError
-from controller.session import Session
-from journal import LeadershipLost
-from worker.actor import Actor, context, current_rank, endpoint
-from worker.errors import (
+from regent.controller.futures import Future, Point, ValueMesh
+from regent.controller.mesh import ActorMesh, Endpoint, HostMesh, ProcMesh
+from regent.controller.replay import NonDeterminismError
+from regent.controller.session import Session
+from regent.journal import LeadershipLost
+from regent.worker.actor import Actor, context, current_rank, endpoint
+from regent.worker.errors import (
     ActorError,
     DivergenceError,
     FencedError,
@@ -17,7 +17,7 @@ from worker.errors import (
     RegentError,
     SupervisionError,
 )
-from worker.supervision import RestartPolicy
+from regent.worker.supervision import RestartPolicy
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",

@@ -23,13 +23,13 @@ import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-import wire
-from controller.core import ControllerCore, Outcome, PendingCall
-from controller.futures import Future
-from controller.recorder import OutcomePort
-from wire import Kind, ProtocolError, schema
-from wire.security import load_credentials, stop_authenticator
-from wire.transport import (
+from regent import wire
+from regent.controller.core import ControllerCore, Outcome, PendingCall
+from regent.controller.futures import Future
+from regent.controller.recorder import OutcomePort
+from regent.wire import Kind, ProtocolError, schema
+from regent.wire.security import load_credentials, stop_authenticator
+from regent.wire.transport import (
     BATCH_MAX_AGE_S,
     Inbox,
     Outbox,
@@ -179,11 +179,11 @@ class Runtime:
         reply = fut.get()
         if reply.get("st") == "fenced":
             self.fenced = reply.get("em", "fenced by the host agent")
-            from worker.errors import FencedError
+            from regent.worker.errors import FencedError
 
             raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")
         if reply.get("st") == "divergence":
-            from worker.errors import DivergenceError
+            from regent.worker.errors import DivergenceError
 
             raise DivergenceError(f"host agent at {host} refused {op!r}: {reply.get('em')}")
         return reply

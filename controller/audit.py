@@ -20,13 +20,20 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import edge as edges
-from controller.core import Outcome
-from controller.engine import Engine
-from controller.mesh import StreamSink
-from controller.replay import END, START, JournaledCall, NonDeterminismError, ReplayIndex, describe
-from wire.transport import max_message_bytes, refuse_oversized_call
-from worker.errors import RegentError
+from regent.controller import edge as edges
+from regent.controller.core import Outcome
+from regent.controller.engine import Engine
+from regent.controller.mesh import StreamSink
+from regent.controller.replay import (
+    END,
+    START,
+    JournaledCall,
+    NonDeterminismError,
+    ReplayIndex,
+    describe,
+)
+from regent.wire.transport import max_message_bytes, refuse_oversized_call
+from regent.worker.errors import RegentError
 
 
 class AuditGap(RegentError):

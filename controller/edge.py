@@ -25,13 +25,13 @@ from typing import Any, Protocol
 
 import structlog
 
-from controller._runtime import ProcRef, Runtime
-from controller.ephemeral import NoJournal, NoWriter
-from controller.replay import START, SUPERVISION, ReplayIndex
-from controller.supervisor import Supervisor
-from journal import GroupCommitWriter, open_journal
-from worker.dedupe import LARGE_RESULT_BYTES
-from worker.discovery import ensure_local_host
+from regent.controller._runtime import ProcRef, Runtime
+from regent.controller.ephemeral import NoJournal, NoWriter
+from regent.controller.replay import START, SUPERVISION, ReplayIndex
+from regent.controller.supervisor import Supervisor
+from regent.journal import GroupCommitWriter, open_journal
+from regent.worker.dedupe import LARGE_RESULT_BYTES
+from regent.worker.discovery import ensure_local_host
 
 log = structlog.get_logger("regent.session")
 

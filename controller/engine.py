@@ -19,9 +19,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import wire
-from controller.core import ControllerCore, Outcome, PendingCall
-from controller.replay import (
+from regent import wire
+from regent.controller.core import ControllerCore, Outcome, PendingCall
+from regent.controller.replay import (
     CALL,
     OBS,
     RESULT,
@@ -31,9 +31,9 @@ from controller.replay import (
     ReplayIndex,
     covered,
 )
-from journal.errors import LeadershipLost
-from worker.dedupe import LARGE_RESULT_BYTES
-from worker.errors import ActorError, DivergenceError, SupervisionError
+from regent.journal.errors import LeadershipLost
+from regent.worker.dedupe import LARGE_RESULT_BYTES
+from regent.worker.errors import ActorError, DivergenceError, SupervisionError
 
 NEVER_DURABLE = 1 << 62  # the lsn of an outcome that could not be journaled
 # An outcome journaled as an item of a CALLS record, until a writer ticket resolves its lsn:

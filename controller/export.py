@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from controller.replay import (
+from regent.controller.replay import (
     CALL,
     END,
     RESULT,

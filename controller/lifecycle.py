@@ -11,20 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-import wire
-from controller._runtime import ProcRef
-from controller.edge import sys_path
-from controller.futures import point_of
-from controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View
-from controller.replay import CALL, PROCS
-from controller.supervisor import MeshState, policy_of
-from wire import Kind
-from worker.classref import class_ref
-from worker.errors import SupervisionError
-from worker.supervision import MeshSupervisor
+from regent import wire
+from regent.controller._runtime import ProcRef
+from regent.controller.edge import sys_path
+from regent.controller.futures import point_of
+from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View
+from regent.controller.replay import CALL, PROCS
+from regent.controller.supervisor import MeshState, policy_of
+from regent.wire import Kind
+from regent.worker.classref import class_ref
+from regent.worker.errors import SupervisionError
+from regent.worker.supervision import MeshSupervisor
 
 if TYPE_CHECKING:
-    from controller.session import Session
+    from regent.controller.session import Session
 
 PROC_TUNING_ENV = ("REGENT_SPIN_US",)  # passed from the controller's environment to its procs
 

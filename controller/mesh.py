@@ -12,13 +12,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from controller.futures import Future, Point, ValueMesh, point_of
-from worker.actor import endpoint_names
-from worker.system import ProcGroup
+from regent.controller.futures import Future, Point, ValueMesh, point_of
+from regent.worker.actor import endpoint_names
+from regent.worker.system import ProcGroup
 
 if TYPE_CHECKING:
-    from controller._runtime import ProcRef
-    from controller.session import Session
+    from regent.controller._runtime import ProcRef
+    from regent.controller.session import Session
 
 
 @dataclass(frozen=True)

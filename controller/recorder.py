@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import structlog
 
-import wire
-from controller.core import Outcome, PendingCall
-from controller.engine import NEVER_DURABLE, Append, Collect, Engine
-from controller.replay import CALLS, RESULTS
+from regent import wire
+from regent.controller.core import Outcome, PendingCall
+from regent.controller.engine import NEVER_DURABLE, Append, Collect, Engine
+from regent.controller.replay import CALLS, RESULTS
 
 log = structlog.get_logger("regent.session")
 

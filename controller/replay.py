@@ -12,11 +12,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import wire
-from journal import CorruptRecord, Record
-from wire import ProtocolError
-from worker.dedupe import LARGE_RESULT_BYTES
-from worker.errors import RegentError
+from regent import wire
+from regent.journal import CorruptRecord, Record
+from regent.wire import ProtocolError
+from regent.worker.dedupe import LARGE_RESULT_BYTES
+from regent.worker.errors import RegentError
 
 # Record kinds the controller writes.
 START = "start"  # {run, ts}

@@ -21,21 +21,21 @@ from typing import Any
 
 import structlog
 
-import wire
-from controller._runtime import RESEND_FIRST_S, ProcRef, Wire
-from controller.core import ControllerCore, Outcome, PendingCall
-from controller.edge import Handoff, RunFinished, journal_value_limit, open_edge
-from controller.engine import COLLECTED, Append, Engine
-from controller.futures import Future, Point, point_of
-from controller.lifecycle import Lifecycle
-from controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink
-from controller.recorder import Recorder, append
-from controller.replay import CALL, END, JournaledCall, NonDeterminismError
-from journal import LeadershipLost
-from wire import Kind
-from wire.transport import PeerGone
-from worker.errors import FencedError, SupervisionError
-from worker.logsetup import configure_logging
+from regent import wire
+from regent.controller._runtime import RESEND_FIRST_S, ProcRef, Wire
+from regent.controller.core import ControllerCore, Outcome, PendingCall
+from regent.controller.edge import Handoff, RunFinished, journal_value_limit, open_edge
+from regent.controller.engine import COLLECTED, Append, Engine
+from regent.controller.futures import Future, Point, point_of
+from regent.controller.lifecycle import Lifecycle
+from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink
+from regent.controller.recorder import Recorder, append
+from regent.controller.replay import CALL, END, JournaledCall, NonDeterminismError
+from regent.journal import LeadershipLost
+from regent.wire import Kind
+from regent.wire.transport import PeerGone
+from regent.worker.errors import FencedError, SupervisionError
+from regent.worker.logsetup import configure_logging
 
 log = structlog.get_logger("regent.session")
 

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from wire import Kind
-from wire.transport import PeerGone
-from worker.errors import SupervisionError
-from worker.supervision import MeshSupervisor, RestartPolicy
+from regent.wire import Kind
+from regent.wire.transport import PeerGone
+from regent.worker.errors import SupervisionError
+from regent.worker.supervision import MeshSupervisor, RestartPolicy
 
 if TYPE_CHECKING:
-    from controller._runtime import ProcRef, Runtime
+    from regent.controller._runtime import ProcRef, Runtime
 
 log = structlog.get_logger("regent.supervisor")
 

@@ -7,7 +7,17 @@ import datetime as _dt
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from controller.replay import CALL, CHECKPOINT, END, OBS, PROCS, RESULT, START, SUPERVISION, expand
+from regent.controller.replay import (
+    CALL,
+    CHECKPOINT,
+    END,
+    OBS,
+    PROCS,
+    RESULT,
+    START,
+    SUPERVISION,
+    expand,
+)
 
 
 @dataclass

@@ -12,8 +12,7 @@ import os
 import sys
 import time
 
-from controller import Session
-from worker import Actor, endpoint
+from regent import Actor, Session, endpoint
 
 
 class Counter(Actor):

@@ -56,7 +56,7 @@ def main() -> int:
     took_over = float(leader_file.read_text().splitlines()[1].split()[1])
     expected_total = 4 * sum(range(steps))
     calls = [a["calls"] for a in result["actors"]]
-    verify = subprocess.run([sys.executable, "-m", "cli", "journal", "verify", session],
+    verify = subprocess.run([sys.executable, "-m", "regent.cli", "journal", "verify", session],
                             capture_output=True, text=True, env=env)
     print()
     print(f"takeover: standby led {took_over - killed_at:.2f} s after the kill (lease 1 s)")

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller import ActorError, Session
-from worker import Actor, current_rank, endpoint
+from regent import Actor, ActorError, Session, current_rank, endpoint
 
 
 class Counter(Actor):

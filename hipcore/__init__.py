@@ -5,10 +5,10 @@ buffers behind one interface; see docs/hipcore.md. It knows nothing of actors
 or the controller.
 """
 
-from hipcore import binding, distributed, rdma
-from hipcore.backend import BackendInfo, backend, detect_backend, reset_backend
-from hipcore.device import Device, Event, Stream, current_device, device_count
-from hipcore.errors import (
+from regent.hipcore import binding, distributed, rdma
+from regent.hipcore.backend import BackendInfo, backend, detect_backend, reset_backend
+from regent.hipcore.device import Device, Event, Stream, current_device, device_count
+from regent.hipcore.errors import (
     BackendUnavailableError,
     BrokenBarrierError,
     EventError,
@@ -22,8 +22,8 @@ from hipcore.errors import (
     RDMATimeoutError,
     StreamError,
 )
-from hipcore.ipc import Barrier, IpcEvent
-from hipcore.rdma import RDMABuffer, RDMAFuture, shared_array, shared_tensor
+from regent.hipcore.ipc import Barrier, IpcEvent
+from regent.hipcore.rdma import RDMABuffer, RDMAFuture, shared_array, shared_tensor
 
 __all__ = [
     "BackendInfo",

@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from hipcore import _copy, _shm
-from hipcore._rdma_registry import RDMAHandle, Region
-from hipcore._rdma_shm import check_live, finish_device_copies
-from hipcore.backend import backend
+from regent.hipcore import _copy, _shm
+from regent.hipcore._rdma_registry import RDMAHandle, Region
+from regent.hipcore._rdma_shm import check_live, finish_device_copies
+from regent.hipcore.backend import backend
 
 
 def _device_uuid(index: int) -> str:

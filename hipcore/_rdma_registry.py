@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from hipcore import _copy, _shm
-from hipcore.errors import RDMAError
+from regent.hipcore import _copy, _shm
+from regent.hipcore.errors import RDMAError
 
 SLOTS = 65536
 HEADER_WORDS = 4  # magic, pid, start, slots

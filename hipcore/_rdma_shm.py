@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from hipcore import _copy, _shm
-from hipcore._rdma_registry import HEADER_WORDS, RDMAHandle, Region
-from hipcore.errors import RDMABufferDroppedError, RDMAError, RDMAOwnerGoneError
+from regent.hipcore import _copy, _shm
+from regent.hipcore._rdma_registry import HEADER_WORDS, RDMAHandle, Region
+from regent.hipcore.errors import RDMABufferDroppedError, RDMAError, RDMAOwnerGoneError
 
 CHUNK = 64 << 20
 _CACHE_SIZE = 64

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import structlog
 
-from hipcore import _copy, _shm
-from hipcore._rdma_registry import RDMAHandle, Region, Registry, registry
-from hipcore._rdma_shm import dropped, owner_gone
-from hipcore.errors import RDMAError, RDMASizeError, RDMATimeoutError
+from regent.hipcore import _copy, _shm
+from regent.hipcore._rdma_registry import RDMAHandle, Region, Registry, registry
+from regent.hipcore._rdma_shm import dropped, owner_gone
+from regent.hipcore.errors import RDMAError, RDMASizeError, RDMATimeoutError
 
 log = structlog.get_logger("hipcore.rdma.tcp")
 
@@ -366,7 +366,7 @@ class TcpTransport:
             host = np.empty(n, dtype=np.uint8)
             _recv_into(sock, memoryview(host))
             _copy.copy_bytes(dst, host)
-            from hipcore._rdma_shm import finish_device_copies
+            from regent.hipcore._rdma_shm import finish_device_copies
 
             finish_device_copies(dst)
         else:
@@ -377,7 +377,7 @@ class TcpTransport:
         if _copy.is_device_tensor(src):
             host = np.empty(n, dtype=np.uint8)
             _copy.copy_bytes(host, src)
-            from hipcore._rdma_shm import finish_device_copies
+            from regent.hipcore._rdma_shm import finish_device_copies
 
             finish_device_copies(src)
         else:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hipcore.errors import BackendUnavailableError
+from regent.hipcore.errors import BackendUnavailableError
 
 BackendName = Literal["cpu", "cuda", "hip"]
 BACKEND_ENV = "REGENT_HIPCORE_BACKEND"

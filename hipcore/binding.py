@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hipcore.backend import BACKEND_ENV, BACKEND_NAMES, BackendName
-from hipcore.backend import backend as detected_backend
+from regent.hipcore.backend import BACKEND_ENV, BACKEND_NAMES, BackendName
+from regent.hipcore.backend import backend as detected_backend
 
 CPU_DEVICE_ENV = "REGENT_CPU_DEVICE"
 PROC_DEVICES_ENV = "REGENT_PROC_DEVICES"

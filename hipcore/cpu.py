@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from hipcore.errors import EventError, StreamError
+from regent.hipcore.errors import EventError, StreamError
 
 log = structlog.get_logger("hipcore.cpu")
 
@@ -100,7 +100,7 @@ class CpuStream:
         self.enqueue(lambda: time.sleep(seconds))
 
     def copy_async(self, dst: Any, src: Any) -> None:
-        from hipcore._copy import copy_bytes
+        from regent.hipcore._copy import copy_bytes
 
         self.enqueue(lambda: copy_bytes(dst, src))
 
@@ -241,7 +241,7 @@ def empty_tensor(memory: CpuMemory, shape: tuple[int, ...], dtype: Any, pinned: 
     """A CPU tensor whose bytes are tracked until the last view of them is gone."""
     import numpy as np
 
-    from hipcore.backend import require_torch
+    from regent.hipcore.backend import require_torch
 
     torch = require_torch("allocating tensors")
     count = 1

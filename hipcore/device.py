@@ -11,10 +11,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hipcore import cpu
-from hipcore.backend import BackendName, backend, require_torch
-from hipcore.binding import bound_cpu_device, bound_physical_devices
-from hipcore.errors import HipcoreError
+from regent.hipcore import cpu
+from regent.hipcore.backend import BackendName, backend, require_torch
+from regent.hipcore.binding import bound_cpu_device, bound_physical_devices
+from regent.hipcore.errors import HipcoreError
 
 
 class _DeviceState:
@@ -28,7 +28,7 @@ class _DeviceState:
         if kind == "cpu":
             self.memory: Any = cpu.CpuMemory()
         else:
-            from hipcore.gpu import GpuMemory
+            from regent.hipcore.gpu import GpuMemory
 
             self.memory = GpuMemory(index)
 
@@ -76,7 +76,7 @@ class Device:
     def name(self) -> str:
         if self.kind == "cpu":
             return f"cpu:{self.index} (emulated)"
-        from hipcore.gpu import device_name
+        from regent.hipcore.gpu import device_name
 
         return device_name(self.index)
 
@@ -95,7 +95,7 @@ class Device:
                 if self.kind == "cpu":
                     st.default_stream = Stream(self)
                 else:
-                    from hipcore.gpu import GpuStream
+                    from regent.hipcore.gpu import GpuStream
 
                     torch = require_torch("the GPU backend")
                     impl = GpuStream(self.index, torch_stream=torch.cuda.default_stream(self.index))
@@ -108,7 +108,7 @@ class Device:
             for s in list(_live_cpu_streams.get(self.index, {}).values()):
                 s.synchronize()
         else:
-            from hipcore.gpu import synchronize_device
+            from regent.hipcore.gpu import synchronize_device
 
             synchronize_device(self.index)
 
@@ -169,7 +169,7 @@ class Stream:
             self._impl: Any = cpu.CpuStream(dev.index)
             _register_cpu_stream(dev.index, self)
         else:
-            from hipcore.gpu import GpuStream
+            from regent.hipcore.gpu import GpuStream
 
             self._impl = GpuStream(dev.index, priority=priority)
 
@@ -244,7 +244,7 @@ class Event:
         if self.kind == "cpu":
             self._impl: Any = cpu.CpuEvent(enable_timing=enable_timing)
         else:
-            from hipcore.gpu import GpuEvent
+            from regent.hipcore.gpu import GpuEvent
 
             self._impl = GpuEvent(enable_timing=enable_timing)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import structlog
 
-from hipcore.backend import backend as hip_backend
-from hipcore.backend import require_torch
-from hipcore.errors import BackendUnavailableError
+from regent.hipcore.backend import backend as hip_backend
+from regent.hipcore.backend import require_torch
+from regent.hipcore.errors import BackendUnavailableError
 
 log = structlog.get_logger("hipcore.distributed")
 
@@ -46,7 +46,7 @@ def init_process_group(
     bound device (``hipcore.current_device()``) becomes the current CUDA/HIP device
     first, as NCCL/RCCL require.
     """
-    torch = require_torch("hipcore.distributed.init_process_group")
+    torch = require_torch("regent.hipcore.distributed.init_process_group")
     import torch.distributed as dist
 
     if not 0 <= rank < world_size:
@@ -58,7 +58,7 @@ def init_process_group(
                 "backend='nccl' needs a GPU backend, but hipcore runs the CPU backend "
                 f"({hip_backend().reason}); use backend='gloo' or 'auto'"
             )
-        from hipcore.device import current_device
+        from regent.hipcore.device import current_device
 
         torch.cuda.set_device(current_device().index)
     host = f"[{master_addr}]" if ":" in master_addr else master_addr
@@ -75,6 +75,6 @@ def init_process_group(
 
 def destroy_process_group() -> None:
     """Leave the default process group if this process joined one."""
-    torch: Any = require_torch("hipcore.distributed.destroy_process_group")
+    torch: Any = require_torch("regent.hipcore.distributed.destroy_process_group")
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -12,9 +12,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from hipcore.backend import require_torch
-from hipcore.cpu import check_elapsed_preconditions
-from hipcore.errors import EventError, StreamError
+from regent.hipcore.backend import require_torch
+from regent.hipcore.cpu import check_elapsed_preconditions
+from regent.hipcore.errors import EventError, StreamError
 
 _CALIBRATION_CYCLES = 20_000_000
 _cycles_per_second: dict[int, float] = {}
@@ -51,7 +51,7 @@ class GpuStream:
             torch.cuda._sleep(cycles)
 
     def copy_async(self, dst: Any, src: Any) -> None:
-        from hipcore._copy import copy_bytes, is_device_tensor
+        from regent.hipcore._copy import copy_bytes, is_device_tensor
 
         torch = _torch()
         with torch.cuda.device(self.device_index), torch.cuda.stream(self.torch_stream):

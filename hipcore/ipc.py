@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import structlog
 
-from hipcore import _shm
-from hipcore.backend import backend
-from hipcore.errors import BrokenBarrierError, IpcError, PeerGoneError
+from regent.hipcore import _shm
+from regent.hipcore.backend import backend
+from regent.hipcore.errors import BrokenBarrierError, IpcError, PeerGoneError
 
 log = structlog.get_logger("hipcore.ipc")
 
@@ -98,8 +98,8 @@ class IpcEvent:
         self._gpu: Any = None
         gpu_handle = b""
         if info.is_gpu:
-            from hipcore.device import current_device
-            from hipcore.gpu import GpuEvent
+            from regent.hipcore.device import current_device
+            from regent.hipcore.gpu import GpuEvent
 
             device_index = current_device().index if device_index is None else device_index
             self._gpu = GpuEvent(interprocess=True)
@@ -132,11 +132,11 @@ class IpcEvent:
             raise IpcError(f"{handle.segment} is not an IpcEvent segment")
         self._gpu = None
         if handle.kind != "cpu":
-            from hipcore.backend import require_torch
+            from regent.hipcore.backend import require_torch
 
             torch = require_torch("opening a GPU IpcEvent")
             event = torch.cuda.Event.from_ipc_handle(handle.device_index, handle.gpu_handle)
-            from hipcore.gpu import GpuEvent
+            from regent.hipcore.gpu import GpuEvent
 
             gpu = GpuEvent.__new__(GpuEvent)
             gpu.enable_timing = False
@@ -159,7 +159,7 @@ class IpcEvent:
                 "IpcEvent.record is only allowed in the process that created the event "
                 f"(pid {self.handle.owner_pid}); other processes wait on it"
             )
-        from hipcore.device import current_device
+        from regent.hipcore.device import current_device
 
         stream = stream if stream is not None else current_device().default_stream()
         if self._gpu is not None:
@@ -176,7 +176,7 @@ class IpcEvent:
 
     def wait(self, stream: Any = None) -> None:
         """Make ``stream``'s later work wait for the latest record (returns at once)."""
-        from hipcore.device import current_device
+        from regent.hipcore.device import current_device
 
         stream = stream if stream is not None else current_device().default_stream()
         if self._gpu is not None:

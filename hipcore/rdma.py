@@ -20,13 +20,13 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from hipcore import _copy, _shm
-from hipcore._rdma_cuda_ipc import CudaIpcTransport
-from hipcore._rdma_registry import Entry, RDMAHandle, Region, registry
-from hipcore._rdma_shm import ShmTransport, check_live, dropped
-from hipcore._rdma_tcp import TcpTransport, stop_server
-from hipcore.backend import require_torch
-from hipcore.errors import RDMAError, RDMASizeError
+from regent.hipcore import _copy, _shm
+from regent.hipcore._rdma_cuda_ipc import CudaIpcTransport
+from regent.hipcore._rdma_registry import Entry, RDMAHandle, Region, registry
+from regent.hipcore._rdma_shm import ShmTransport, check_live, dropped
+from regent.hipcore._rdma_tcp import TcpTransport, stop_server
+from regent.hipcore.backend import require_torch
+from regent.hipcore.errors import RDMAError, RDMASizeError
 
 log = structlog.get_logger("hipcore.rdma")
 
@@ -137,7 +137,7 @@ def shutdown() -> None:
     """Stop this process's RDMA server and worker threads (registrations stay; a new handle restarts them)."""
     global _executor
     stop_server()
-    from hipcore._rdma_tcp import _pool
+    from regent.hipcore._rdma_tcp import _pool
 
     _pool.clear()
     with _executor_lock:

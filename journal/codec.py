@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from wire.packing import pack
+from regent.wire.packing import pack
 
 from .errors import CorruptRecord, JournalError, RecordTooLarge
 from .records import Record

@@ -43,7 +43,7 @@ def own_home(tmp_path, monkeypatch):
     homes: list[Path] = []
 
     def make(**env: str) -> Path:
-        from wire.security import init_keys
+        from regent.wire.security import init_keys
 
         home = tmp_path / f"home{len(homes) or ''}"
         monkeypatch.setenv("REGENT_HOME", str(home))

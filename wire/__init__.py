@@ -6,12 +6,12 @@ authenticated sockets (`wire.transport`, `wire.security`) and the wire's errors.
 do not import it. Importing `wire` itself loads no sockets: `wire.transport` and
 `wire.security` (zmq) are imported by name where they are used.
 
-    import wire
+    from regent import wire
     frames = wire.encode(wire.Kind.PING, {"n": 1})
 """
 
-from wire.errors import MessageTooLarge, ProtocolError, RegentError
-from wire.protocol import (
+from regent.wire.errors import MessageTooLarge, ProtocolError, RegentError
+from regent.wire.protocol import (
     BATCH_ALONE_BYTES,
     BATCH_MESSAGE_FRAMES,
     BATCH_MESSAGES,

@@ -22,8 +22,8 @@ import cloudpickle
 import msgpack
 import xxhash
 
-from wire.errors import ProtocolError
-from wire.packing import packer as _packer
+from regent.wire.errors import ProtocolError
+from regent.wire.packing import packer as _packer
 
 MAGIC = b"RG"
 VERSION = 1

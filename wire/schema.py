@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 import msgspec
 from msgspec import Meta
 
-from wire import protocol
-from wire.errors import ProtocolError
-from wire.protocol import Kind
+from regent.wire import protocol
+from regent.wire.errors import ProtocolError
+from regent.wire.protocol import Kind
 
 _I64 = 2**63 - 1
 

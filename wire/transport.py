@@ -16,9 +16,9 @@ from typing import Any
 import structlog
 import zmq
 
-from wire import protocol
-from wire.errors import MessageTooLarge
-from wire.security import Credentials, secure_client, secure_server
+from regent.wire import protocol
+from regent.wire.errors import MessageTooLarge
+from regent.wire.security import Credentials, secure_client, secure_server
 
 log = structlog.get_logger("regent.transport")
 

@@ -3,8 +3,8 @@
 The controller talks to workers; workers never import the controller.
 """
 
-from worker.actor import Actor, ActorContext, context, current_rank, endpoint
-from worker.errors import (
+from regent.worker.actor import Actor, ActorContext, context, current_rank, endpoint
+from regent.worker.errors import (
     ActorError,
     DivergenceError,
     FencedError,
@@ -13,7 +13,7 @@ from worker.errors import (
     RegentError,
     SupervisionError,
 )
-from worker.supervision import RestartPolicy
+from regent.worker.supervision import RestartPolicy
 
 __all__ = [
     "Actor", "ActorContext", "ActorError", "DivergenceError", "FencedError", "MessageTooLarge",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from wire import Kind
-from worker.errors import DivergenceError
+from regent.wire import Kind
+from regent.worker.errors import DivergenceError
 
 # Results larger than this are kept until the checkpoint watermark, smaller ones
 # until the durable watermark (the journal holds small results, not large ones).

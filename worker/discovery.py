@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from wire.security import regent_home
-from wire.transport import valid_address
-from worker import procinfo
+from regent.wire.security import regent_home
+from regent.wire.transport import valid_address
+from regent.worker import procinfo
 
 
 def host_file() -> Path:
@@ -88,7 +88,7 @@ def ensure_local_host(timeout: float = 30.0, env: dict[str, str] | None = None) 
             root = str(Path(str(sys.modules["regent"].__file__)).resolve().parents[1])
             env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)}
         subprocess.run(
-            [sys.executable, "-m", "worker.host", "--daemonize", "--log", str(log_path)],
+            [sys.executable, "-m", "regent.worker.host", "--daemonize", "--log", str(log_path)],
             env=env, check=True, stdin=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout

@@ -7,7 +7,7 @@ reverse. Each carries enough context for a person to act on it. The wire's own e
 
 from __future__ import annotations
 
-from wire.errors import MessageTooLarge, ProtocolError, RegentError
+from regent.wire.errors import MessageTooLarge, ProtocolError, RegentError
 
 __all__ = [
     "ActorError", "ActorExit", "DivergenceError", "FencedError", "MessageTooLarge",

@@ -28,12 +28,12 @@ from typing import NamedTuple
 import structlog
 import zmq
 
-import wire
-from wire import Kind, ProtocolError, schema
-from wire.security import load_credentials, regent_home, stop_authenticator
-from wire.transport import Inbox, Outbox, peer_of, valid_address
-from worker import discovery, procinfo
-from worker.fencing import EpochFence, FenceStore
+from regent import wire
+from regent.wire import Kind, ProtocolError, schema
+from regent.wire.security import load_credentials, regent_home, stop_authenticator
+from regent.wire.transport import Inbox, Outbox, peer_of, valid_address
+from regent.worker import discovery, procinfo
+from regent.worker.fencing import EpochFence, FenceStore
 
 log = structlog.get_logger("regent.host")
 
@@ -389,7 +389,7 @@ class HostAgent:
         pypath = [p for p in path if isinstance(p, str)] + env.get("PYTHONPATH", "").split(os.pathsep)
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in pypath if p))
         popen = subprocess.Popen(
-            [sys.executable, "-m", "worker.proc", "--session", sid, "--index", str(index),
+            [sys.executable, "-m", "regent.worker.proc", "--session", sid, "--index", str(index),
              "--id", proc_id, "--host-inbox", self.inbox.address, "--bind-host", self.bind_host,
              "--host-pid", str(os.getpid()), "--orphan-s", repr(state.orphan_timeout_s),
              "--epoch", str(state.fence.epoch), *origin],
@@ -650,7 +650,7 @@ def _bound_env(env: dict[str, str]) -> dict[str, str]:
     Raises ValueError when this host cannot give the proc its GPU."""
     if env.get("REGENT_PROC_DIM") != "gpus":
         return env
-    from hipcore import HipcoreError, backend, binding  # imported once a mesh asks for GPUs
+    from regent.hipcore import HipcoreError, backend, binding  # imported once a mesh asks for GPUs
 
     rank = env.get("REGENT_PROC_RANK", "")
     if not rank.isdigit():
@@ -690,7 +690,7 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(fd, 2)
         nul = os.open(os.devnull, os.O_RDONLY)
         os.dup2(nul, 0)
-    from worker.logsetup import configure_logging
+    from regent.worker.logsetup import configure_logging
 
     configure_logging()
     previous = discovery.host_record()

@@ -33,10 +33,10 @@ import structlog
 import tenacity
 import zmq
 
-import wire
-from wire import Kind, MessageTooLarge, ProtocolError, schema
-from wire.security import load_credentials, stop_authenticator
-from wire.transport import (
+from regent import wire
+from regent.wire import Kind, MessageTooLarge, ProtocolError, schema
+from regent.wire.security import load_credentials, stop_authenticator
+from regent.wire.transport import (
     Inbox,
     Outbox,
     max_message_bytes,
@@ -47,12 +47,12 @@ from wire.transport import (
     spin_until_readable,
     valid_address,
 )
-from worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
-from worker.classref import load_class
-from worker.dedupe import CallIdentity, DedupeCache
-from worker.discovery import ensure_local_host
-from worker.errors import ActorExit, DivergenceError
-from worker.fencing import EpochFence
+from regent.worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
+from regent.worker.classref import load_class
+from regent.worker.dedupe import CallIdentity, DedupeCache
+from regent.worker.discovery import ensure_local_host
+from regent.worker.errors import ActorExit, DivergenceError
+from regent.worker.fencing import EpochFence
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
@@ -641,7 +641,7 @@ def _environment_of(pid: int) -> dict[str, str]:
     except psutil.Error as e:
         log.warning("cannot read the host agent's environment; a successor gets this proc's",
                     pid=pid, error=str(e))
-        from hipcore.binding import BINDING_VARS
+        from regent.hipcore.binding import BINDING_VARS
 
         return {k: v for k, v in os.environ.items() if not k.startswith("REGENT_PROC_") and k not in BINDING_VARS}
 
@@ -662,7 +662,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--replaces", default=None, help="id of the proc this one was started to replace")
     p.add_argument("--epoch", type=int, default=0, help="the highest epoch its session had seen at the agent")
     a = p.parse_args(argv)
-    from worker.logsetup import configure_logging
+    from regent.worker.logsetup import configure_logging
 
     configure_logging()
     origin: dict[str, Any] = {}

@@ -45,7 +45,7 @@ def start_ticks(pid: int) -> int | None:
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """A running regent proc (`python -m worker.proc`) of this user, from its command line."""
+    """A running regent proc (`python -m regent.worker.proc`) of this user, from its command line."""
 
     pid: int
     session: str
@@ -74,7 +74,7 @@ def running_procs() -> Iterator[ProcInfo]:
 
 
 def _parse(pid: int, args: list[str]) -> ProcInfo | None:
-    if "worker.proc" not in args:
+    if "regent.worker.proc" not in args:
         return None
 
     def arg(name: str) -> str | None:

@@ -7,7 +7,7 @@ only names these classes, never loads the GPU runtime.
 
 from __future__ import annotations
 
-from worker.actor import Actor, context, endpoint
+from regent.worker.actor import Actor, context, endpoint
 
 
 class ProcGroup(Actor):
@@ -29,7 +29,7 @@ class ProcGroup(Actor):
     @endpoint
     def free_port(self, host: str) -> int:
         """A port free a moment ago on this proc's host: the rendezvous port rank 0 will serve."""
-        from hipcore.distributed import free_port
+        from regent.hipcore.distributed import free_port
 
         return free_port(host)
 
@@ -43,7 +43,7 @@ class ProcGroup(Actor):
         """
         import torch.distributed as dist
 
-        from hipcore import distributed
+        from regent.hipcore import distributed
 
         rank = context().rank
         if dist.is_initialized():

@@ -13,8 +13,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from controller import Session
-from worker import Actor, endpoint
+from regent.controller import Session
+from regent.worker import Actor, endpoint
 
 
 class Noop(Actor):

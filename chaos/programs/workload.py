@@ -25,12 +25,12 @@ import zlib
 
 import numpy as np
 
-from chaos.ledger import Ledger
-from chaos.links import links_from_env
-from controller import Session, SupervisionError
-from journal import LeadershipLost
-from worker import Actor, context, endpoint
-from worker.supervision import RestartPolicy
+from regent.chaos.ledger import Ledger
+from regent.chaos.links import links_from_env
+from regent.controller import Session, SupervisionError
+from regent.journal import LeadershipLost
+from regent.worker import Actor, context, endpoint
+from regent.worker.supervision import RestartPolicy
 
 MAX_ATTEMPTS = 40
 

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from model import Config, Corpus, batch_key, build, deterministic, digest, flat_params
 
-from hipcore import RDMABuffer, shared_tensor
-from worker import Actor, context, endpoint
+from regent import Actor, context, endpoint
+from regent.hipcore import RDMABuffer, shared_tensor
 
 
 class Trainer(Actor):

@@ -214,14 +214,14 @@ def run_reference(session: str, workdir: Path, train_args: list[str], *, journal
 
 
 def journal_cli(journal: str | None, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "cli", "journal"]
+    cmd = [sys.executable, "-m", "regent.cli", "journal"]
     if journal:
         cmd += ["--journal", journal]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def _records(journal: str | None, session: str) -> int:
-    from journal import open_journal
+    from regent.journal import open_journal
 
     j = open_journal(journal)
     try:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # model.py and actors.
 from actors import Checkpointer, Evaluator, Trainer  # noqa: E402
 from model import FULL, TINY  # noqa: E402
 
-from controller import Session  # noqa: E402
+from regent import Session  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -16,10 +16,10 @@ import psutil
 import pytest
 import zmq
 
-from controller.audit import replay_program
-from controller.export import export_jsonl, export_perfetto
-from controller.replay import expand
-from journal import Record, open_journal
+from regent.controller.audit import replay_program
+from regent.controller.export import export_jsonl, export_perfetto
+from regent.controller.replay import expand
+from regent.journal import Record, open_journal
 from tests.failover.harness import Cluster
 
 LEDGER = Path(__file__).parent / "programs" / "ledger.py"
@@ -138,7 +138,7 @@ def test_a_result_the_journal_does_not_hold_is_reported_not_invented(recorded, s
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "journal", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "regent.cli", "journal", *args], capture_output=True,
                           text=True, env={**os.environ, **(env or {})}, timeout=120)
 
 

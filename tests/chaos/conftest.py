@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from chaos import ToxiproxyNotInstalled, ToxiproxyServer, find_toxiproxy_server
-from chaos.etcd import LocalEtcd, etcd_binary
-from chaos.run import fault_free
+from regent.chaos import ToxiproxyNotInstalled, ToxiproxyServer, find_toxiproxy_server
+from regent.chaos.etcd import LocalEtcd, etcd_binary
+from regent.chaos.run import fault_free
 
 
 @pytest.fixture(scope="module")

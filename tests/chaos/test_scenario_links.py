@@ -11,8 +11,8 @@ import time
 import pytest
 from chaos_suite import assert_verdict, name
 
-from chaos import Fault, Schedule
-from chaos.run import run_schedule
+from regent.chaos import Fault, Schedule
+from regent.chaos.run import run_schedule
 
 pytestmark = pytest.mark.chaos
 

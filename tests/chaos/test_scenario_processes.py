@@ -12,10 +12,10 @@ import time
 import pytest
 from chaos_suite import assert_verdict, name
 
-from chaos import Fault, Schedule, kill
-from chaos.cluster import _proc_pid
-from chaos.run import run_schedule
-from worker.discovery import host_file
+from regent.chaos import Fault, Schedule, kill
+from regent.chaos.cluster import _proc_pid
+from regent.chaos.run import run_schedule
+from regent.worker.discovery import host_file
 
 pytestmark = pytest.mark.chaos
 

@@ -13,8 +13,8 @@ import os
 import pytest
 from chaos_suite import assert_verdict, name
 
-from chaos import Schedule, random_schedule
-from chaos.run import run_schedule
+from regent.chaos import Schedule, random_schedule
+from regent.chaos.run import run_schedule
 
 pytestmark = pytest.mark.chaos
 

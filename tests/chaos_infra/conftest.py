@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the repository is not installed into the venv
     sys.path.insert(0, str(REPO))
 
-from chaos import ToxiproxyNotInstalled, ToxiproxyServer, find_toxiproxy_server  # noqa: E402
+from regent.chaos import ToxiproxyNotInstalled, ToxiproxyServer, find_toxiproxy_server  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos_sockets import EchoHandler, EchoServer  # noqa: E402

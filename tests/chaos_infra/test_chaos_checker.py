@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from chaos.checker import check_run
-from chaos.faults import FaultEvent
-from chaos.ledger import Execution
-from journal import Record
+from regent.chaos.checker import check_run
+from regent.chaos.faults import FaultEvent
+from regent.chaos.ledger import Execution
+from regent.journal import Record
 
 DIGEST = "ab" * 16
 

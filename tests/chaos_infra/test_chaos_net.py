@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from chaos_sockets import EchoServer, connect, round_trip
 
-from chaos import ChaosNet, ToxiproxyServer, UnknownLinkError
+from regent.chaos import ChaosNet, ToxiproxyServer, UnknownLinkError
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from chaos import FaultLog, ProcessFaultError, kill, pause, paused, process_state, resume
+from regent.chaos import FaultLog, ProcessFaultError, kill, pause, paused, process_state, resume
 
 RUNNING = ("running", "sleeping", "disk-sleep")  # disk-sleep: a brief uninterruptible wait
 
@@ -83,7 +83,7 @@ def test_fault_log_serialises_the_timeline() -> None:
 
 
 def test_a_chaos_etcd_whose_port_was_taken_since_it_was_chosen_starts_on_another_and_restarts_there():
-    from chaos.etcd import LocalEtcd, etcd_binary
+    from regent.chaos.etcd import LocalEtcd, etcd_binary
     from tests.support.etcd import held_port
 
     if etcd_binary() is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from chaos_sockets import EchoServer, connect, round_trip
 
-from chaos import (
+from regent.chaos import (
     FAULT_KINDS,
     LINK_KINDS,
     ChaosNet,

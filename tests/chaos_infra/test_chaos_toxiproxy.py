@@ -10,7 +10,7 @@ import time
 import pytest
 from chaos_sockets import EchoServer, connect, recv_exactly, round_trip
 
-from chaos import (
+from regent.chaos import (
     Proxy,
     ToxicValidationError,
     ToxiproxyClient,
@@ -19,7 +19,7 @@ from chaos import (
     ToxiproxyServer,
     process_state,
 )
-from chaos.toxiproxy import ToxiproxyWatchdog
+from regent.chaos.toxiproxy import ToxiproxyWatchdog
 
 
 @pytest.fixture

@@ -9,15 +9,15 @@ import collections
 import os
 import time
 
-import wire
-from chaos.checker import run_records
-from controller import Session
-from controller.export import export_jsonl
-from controller.replay import CALL, CALLS, RESULT, RESULTS, ReplayIndex, expand
-from controller.timeline import timeline
-from journal import open_journal
+from regent import wire
+from regent.chaos.checker import run_records
+from regent.controller import Session
+from regent.controller.export import export_jsonl
+from regent.controller.replay import CALL, CALLS, RESULT, RESULTS, ReplayIndex, expand
+from regent.controller.timeline import timeline
+from regent.journal import open_journal
+from regent.worker import Actor, endpoint
 from tests.runtime.rawpeer import RawPeer
-from worker import Actor, endpoint
 
 BURST = 400
 
@@ -92,7 +92,7 @@ def test_the_tools_read_batched_records_call_by_call(tmp_path):
 def test_a_results_record_that_holds_no_batch_of_replies_is_named_as_corrupt():
     import pytest
 
-    from journal import CorruptRecord, Record
+    from regent.journal import CorruptRecord, Record
 
     single = wire.encode(wire.Kind.RESULT, {"s": 1, "pt": 0, "st": "ok"}, [b"x"])
     for data in ({"b": [b"\x00garbage"]}, {"b": [bytes(f) for f in single]}, {}):
@@ -125,7 +125,7 @@ def test_values_answering_calls_one_by_one_are_items_of_the_calls_records_after_
 def test_a_calls_item_that_is_neither_a_call_nor_a_value_is_named_as_corrupt():
     import pytest
 
-    from journal import CorruptRecord, Record
+    from regent.journal import CorruptRecord, Record
 
     for item in ([1, 2], ["s", 0, [b"x"], 0.0], [1, 0, 5, 0.0]):
         with pytest.raises(CorruptRecord, match="lsn 7.*neither a call nor a value"):
@@ -180,7 +180,7 @@ def test_a_journal_that_fails_under_a_session_fails_the_programs_next_call(tmp_p
 
     import pytest
 
-    from journal import JournalError
+    from regent.journal import JournalError
 
     # Its procs outlive a session that could not end its run (a standby may need them):
     # the host agent stops them once no controller has spoken for a second.

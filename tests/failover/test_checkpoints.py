@@ -8,13 +8,13 @@ import subprocess
 import sys
 import time
 
-import wire
-from controller import Session
-from journal import open_journal
+from regent import wire
+from regent.controller import Session
+from regent.journal import open_journal
+from regent.wire import Kind
+from regent.worker import Actor, endpoint
 from tests.failover.harness import Cluster
 from tests.runtime.rawpeer import RawPeer
-from wire import Kind
-from worker import Actor, endpoint
 
 
 def test_takeover_resumes_from_the_checkpoint_and_compaction_keeps_the_journal_valid(tmp_path):
@@ -42,13 +42,13 @@ def test_takeover_resumes_from_the_checkpoint_and_compaction_keeps_the_journal_v
     try:
         before = j.session_info(c.session).records
         removed = subprocess.run(
-            [sys.executable, "-m", "cli", "journal", "--journal", url, "compact", c.session],
+            [sys.executable, "-m", "regent.cli", "journal", "--journal", url, "compact", c.session],
             capture_output=True, text=True, check=True).stdout
         after = j.session_info(c.session).records
         assert after < before / 4, (before, after, removed)
         assert j.verify(c.session).ok
         shown = subprocess.run(
-            [sys.executable, "-m", "cli", "journal", "--journal", url, "show", c.session],
+            [sys.executable, "-m", "regent.cli", "journal", "--journal", url, "show", c.session],
             capture_output=True, text=True, check=True).stdout
         assert "spawn acc.__init__" in shown  # the prologue survives compaction
     finally:

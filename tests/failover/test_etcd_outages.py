@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from controller import Session
-from controller.replay import expand
-from journal import JournalUnavailable, open_journal
+from regent.controller import Session
+from regent.controller.replay import expand
+from regent.journal import JournalUnavailable, open_journal
+from regent.worker import Actor, endpoint
 from tests.support.etcd import MISSING_REASON, EtcdServer, etcd_available, free_port
-from worker import Actor, endpoint
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason=MISSING_REASON)
 

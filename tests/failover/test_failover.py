@@ -187,8 +187,8 @@ def test_a_standby_carries_on_when_the_journaled_host_agent_and_its_procs_are_go
     """The machine's worker side is lost with the primary (agent and procs SIGKILLed, and the
     agent's port taken by something that never answers): the standby replays what the
     journal holds, moves to a new agent on this machine, and the program goes on."""
-    from chaos.cluster import _host_pid
-    from worker.discovery import host_file
+    from regent.chaos.cluster import _host_pid
+    from regent.worker.discovery import host_file
 
     url = f"sqlite://{tmp_path / 'journal.db'}"
     go = tmp_path / "go"

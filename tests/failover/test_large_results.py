@@ -65,7 +65,7 @@ def test_a_larger_journal_value_limit_journals_the_value_so_any_standby_replays_
 
 
 def test_a_journal_value_limit_below_the_workers_is_refused():
-    from controller.edge import journal_value_limit
+    from regent.controller.edge import journal_value_limit
 
     os.environ["REGENT_JOURNAL_VALUE_BYTES"] = "1000"
     try:

@@ -13,10 +13,10 @@ import os
 import threading
 import time
 
-from controller import Session
-from controller.replay import RESULT, expand
-from journal import open_journal
-from worker import Actor, endpoint
+from regent.controller import Session
+from regent.controller.replay import RESULT, expand
+from regent.journal import open_journal
+from regent.worker import Actor, endpoint
 
 
 class Counter(Actor):
@@ -164,7 +164,7 @@ def test_reading_results_does_not_make_the_journal_write_sooner(tmp_path):
     not run before it is durable waits for it itself. Writing read results within 10 ms made
     a read-then-call loop append a hundred times a second, each append a millisecond of etcd
     CPU; the loop's records now go out about once a linger."""
-    from controller.edge import JOURNAL_LINGER_S
+    from regent.controller.edge import JOURNAL_LINGER_S
 
     with Session(f"read-linger-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
         p0 = _counters(s).slice(procs=0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gc
 import os
 
-from controller import Session
-from controller.session import Handoff
-from worker import Actor, endpoint
+from regent.controller import Session
+from regent.controller.session import Handoff
+from regent.worker import Actor, endpoint
 
 
 class Echo(Actor):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-import hipcore
+from regent import hipcore
 
 # The owner's RDMA server binds and advertises loopback only during tests.
 os.environ.setdefault("REGENT_HIPCORE_RDMA_ADDR", "127.0.0.1")
@@ -28,7 +28,7 @@ def torch():
 
 @pytest.fixture
 def reset_backend_cache():
-    import hipcore
+    from regent import hipcore
 
     hipcore.reset_backend()
     yield

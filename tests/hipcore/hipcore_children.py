@@ -21,7 +21,7 @@ def pattern(n: int, salt: int = 0) -> np.ndarray:
 
 def rdma_owner(sizes: list[int], memory: str, to_parent: Any, from_parent: Any) -> None:
     """Register one buffer per size; answer commands until told to stop."""
-    from hipcore import rdma
+    from regent.hipcore import rdma
 
     arrays = []
     buffers = []
@@ -36,7 +36,7 @@ def rdma_owner(sizes: list[int], memory: str, to_parent: Any, from_parent: Any) 
         elif memory == "device":
             import torch
 
-            import hipcore
+            from regent import hipcore
 
             arr = hipcore.current_device().empty(n, torch.uint8)
             arr.copy_(torch.from_numpy(pattern(n, salt=1)))
@@ -81,7 +81,7 @@ def barrier_party(barrier: Any, rounds: int, out: Any) -> None:
 
 def ipc_event_owner(to_parent: Any, from_parent: Any, delay_s: float) -> None:
     """Record an IpcEvent behind ``delay_s`` of stream work that then sets a shared flag."""
-    import hipcore
+    from regent import hipcore
 
     flag = hipcore.shared_array(8, dtype=np.int64)
     stream = hipcore.current_device().stream()
@@ -95,7 +95,7 @@ def ipc_event_owner(to_parent: Any, from_parent: Any, delay_s: float) -> None:
 
 def ipc_event_waiter(payload: bytes, out: Any) -> None:
     """Wait on the owner's event two ways; report what the flag held once each wait finished."""
-    import hipcore
+    from regent import hipcore
 
     event, flag_buf = pickle.loads(payload)
     seen = np.zeros(8, dtype=np.int64)
@@ -110,7 +110,7 @@ def ipc_event_waiter(payload: bytes, out: Any) -> None:
 
 
 def ipc_event_synchronize(payload: bytes, out: Any) -> None:
-    import hipcore
+    from regent import hipcore
 
     event, _flag = pickle.loads(payload)
     try:
@@ -124,13 +124,13 @@ def ipc_event_synchronize(payload: bytes, out: Any) -> None:
 
 def allreduce_rank(rank: int, world: int, port: int, out: Any) -> None:
     # Bind this rank to its own device before torch initialises CUDA/HIP, as the host agent does.
-    from hipcore import binding
+    from regent.hipcore import binding
 
     os.environ.update(binding.proc_env(rank, 1, os.environ.get("REGENT_HIPCORE_BACKEND")))
     import torch
     import torch.distributed as dist
 
-    from hipcore import distributed
+    from regent.hipcore import distributed
 
     used = distributed.init_process_group(rank, world, "127.0.0.1", port, backend="auto")
     device = "cuda" if used == "nccl" else "cpu"

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-import hipcore
-from hipcore import BackendUnavailableError, detect_backend
+from regent import hipcore
+from regent.hipcore import BackendUnavailableError, detect_backend
 
 
 def test_backend_names_one_of_three_and_gives_a_reason():
@@ -19,7 +19,7 @@ def test_backend_names_one_of_three_and_gives_a_reason():
 
 def test_forcing_cpu_never_needs_torch():
     code = (
-        "import sys, hipcore; info = hipcore.backend(); "
+        "import sys, regent.hipcore as hipcore; info = hipcore.backend(); "
         "print(info.name, info.forced, 'torch' in sys.modules)"
     )
     out = subprocess.run(

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hipcore import binding
+from regent.hipcore import binding
 
 
 def test_cuda_procs_get_consecutive_gpus():
@@ -58,7 +58,7 @@ def test_child_env_drops_inherited_bindings():
 
 def test_current_device_inside_a_proc_reads_the_binding():
     code = (
-        "import hipcore; d = hipcore.current_device(); "
+        "from regent import hipcore; d = hipcore.current_device(); "
         "print(d.kind, d.index, ','.join(d.physical_ids))"
     )
     env = binding.child_env(dict(os.environ), 3, 1, "cpu")

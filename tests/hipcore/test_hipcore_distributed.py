@@ -7,7 +7,7 @@ import socket
 import hipcore_children as children
 import pytest
 
-from hipcore import distributed
+from regent.hipcore import distributed
 
 
 def test_free_port_can_be_bound():
@@ -17,13 +17,13 @@ def test_free_port_can_be_bound():
 
 
 def test_auto_backend_is_gloo_on_cpu_and_nccl_on_gpu():
-    import hipcore
+    from regent import hipcore
 
     assert distributed.default_backend() == ("nccl" if hipcore.backend().is_gpu else "gloo")
 
 
 def test_all_reduce_across_four_processes_sums(spawn, torch):
-    import hipcore
+    from regent import hipcore
 
     world = 4
     if hipcore.backend().is_gpu and hipcore.backend().device_count < world:
@@ -45,7 +45,7 @@ def test_all_reduce_across_four_processes_sums(spawn, torch):
 
 
 def test_nccl_on_the_cpu_backend_is_refused_with_advice(torch):
-    import hipcore
+    from regent import hipcore
 
     if hipcore.backend().is_gpu:
         pytest.skip("GPU present")

@@ -10,8 +10,8 @@ import time
 import hipcore_children as children
 import pytest
 
-import hipcore
-from hipcore import Barrier, BrokenBarrierError, IpcError, IpcEvent
+from regent import hipcore
+from regent.hipcore import Barrier, BrokenBarrierError, IpcError, IpcEvent
 
 ON_CPU = hipcore.backend().name == "cpu"
 

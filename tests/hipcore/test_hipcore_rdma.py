@@ -13,7 +13,7 @@ import hipcore_children as children
 import numpy as np
 import pytest
 
-from hipcore import (
+from regent.hipcore import (
     RDMABuffer,
     RDMABufferDroppedError,
     RDMAError,
@@ -224,7 +224,7 @@ def test_torch_tensors_are_registered_and_filled(spawn, torch):
 def test_device_memory_is_readable_and_writable_across_processes(spawn, torch, transport):
     # CPU backend: device memory is host memory served over TCP. GPU backends: CUDA/HIP IPC
     # when the reader sees the owner's GPU, TCP through pinned staging otherwise.
-    import hipcore
+    from regent import hipcore
 
     n = (8 << 20) + 5
     owner = Owner(spawn, [n], "device")

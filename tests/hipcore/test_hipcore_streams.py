@@ -6,8 +6,8 @@ import gc
 
 import pytest
 
-import hipcore
-from hipcore import Event, EventError, StreamError
+from regent import hipcore
+from regent.hipcore import Event, EventError, StreamError
 
 ON_CPU = hipcore.backend().name == "cpu"
 

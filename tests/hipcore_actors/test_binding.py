@@ -10,10 +10,10 @@ import signal
 
 import pytest
 
-import hipcore
-from controller import Session, SupervisionError
-from hipcore import binding
-from worker import Actor, endpoint
+from regent import hipcore
+from regent.controller import Session, SupervisionError
+from regent.hipcore import binding
+from regent.worker import Actor, endpoint
 
 WATCHED = (*binding.BINDING_VARS,)
 

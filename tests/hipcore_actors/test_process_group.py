@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from controller import ActorError, Session
-from worker import Actor, context, endpoint
+from regent.controller import ActorError, Session
+from regent.worker import Actor, context, endpoint
 
 
 class Reducer(Actor):

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from controller import ActorError, Session
-from hipcore import RDMABuffer, shared_tensor
-from worker import Actor, endpoint
+from regent.controller import ActorError, Session
+from regent.hipcore import RDMABuffer, shared_tensor
+from regent.worker import Actor, endpoint
 
 from .patterns import checksum, expected, fill
 

@@ -14,7 +14,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from journal import Journal, open_journal  # noqa: E402
+from regent.journal import Journal, open_journal  # noqa: E402
 from tests.support.etcd import MISSING_REASON, EtcdServer, etcd_available  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal import Journal
+from regent.journal import Journal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ _LEADER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {root!r})
-    from journal import open_journal
+    from regent.journal import open_journal
     lead = open_journal({url!r}).campaign({session!r}, "victim", ttl_s={ttl!r})
     lead.append([("call", {{"i": 0}})])
     print("LEADER", lead.epoch, lead.ttl_s, lead.beacon, flush=True)

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from journal import Journal, Leadership, LeadershipLost, open_journal
-from journal.backend import Incumbent
+from regent.journal import Journal, Leadership, LeadershipLost, open_journal
+from regent.journal.backend import Incumbent
 from tests.journal.leaders import campaign_in_thread, leader_process
 
 # Long enough that a takeover within it can only be the beacon's doing.

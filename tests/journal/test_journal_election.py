@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from journal import Journal, LeadershipLost, open_journal
+from regent.journal import Journal, LeadershipLost, open_journal
 from tests.journal.leaders import campaign_in_thread, leader_process
 
 

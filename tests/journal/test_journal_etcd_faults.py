@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from journal import GroupCommitWriter, JournalUnavailable, open_journal
+from regent.journal import GroupCommitWriter, JournalUnavailable, open_journal
 from tests.support.etcd import EtcdServer, free_port
 
 

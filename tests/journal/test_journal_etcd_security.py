@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from journal import JournalAccessDenied, JournalUnavailable, open_journal
-from journal.etcd_target import parse_etcd_url
+from regent.journal import JournalAccessDenied, JournalUnavailable, open_journal
+from regent.journal.etcd_target import parse_etcd_url
 from tests.support.etcd import MISSING_REASON, EtcdServer, etcd_available
 
 pytest.importorskip("cryptography", reason="pip install cryptography (the `test` extra)")
@@ -140,7 +140,7 @@ def test_journal_over_client_certificate_tls_appends_reads_and_campaigns(
 
 @needs_etcd
 def test_a_session_campaigns_and_journals_over_client_certificate_tls(no_etcd_env, tls_etcd):
-    from controller import Session
+    from regent.controller import Session
 
     name = f"tls-{uuid.uuid4().hex[:8]}"
     with Session(name, journal=tls_etcd.url) as s:
@@ -279,9 +279,9 @@ def test_a_leader_keeps_writing_after_etcd_restarts_and_forgets_its_auth_token(
 _AUTH_PROGRAM = textwrap.dedent(
     """
     import sys, time
-    from worker.logsetup import configure_logging
+    from regent.worker.logsetup import configure_logging
     configure_logging()
-    from journal import open_journal
+    from regent.journal import open_journal
     url, session = sys.argv[1], sys.argv[2]
     with open_journal(url) as journal:
         print("journal url:", journal.url, flush=True)

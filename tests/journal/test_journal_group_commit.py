@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from journal import GroupCommitWriter, Journal, JournalError, LeadershipLost, RecordTooLarge
-from journal.group_commit import GROUP_ITEMS
+from regent.journal import GroupCommitWriter, Journal, JournalError, LeadershipLost, RecordTooLarge
+from regent.journal.group_commit import GROUP_ITEMS
 
 
 def _in_threads(n: int, produce) -> None:

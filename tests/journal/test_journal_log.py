@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from journal import (
+from regent.journal import (
     MAX_RECORD_BYTES,
     GroupCommitWriter,
     Journal,
@@ -12,8 +12,8 @@ from journal import (
     RecordTooLarge,
     open_journal,
 )
-from journal.batching import TXN_MAX_BYTES, TXN_MAX_VALUES, pack
-from journal.codec import encode_record
+from regent.journal.batching import TXN_MAX_BYTES, TXN_MAX_VALUES, pack
+from regent.journal.codec import encode_record
 
 
 def test_append_then_read_returns_the_records_with_contiguous_lsns(journal: Journal, session: str):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from controller import Session
-from controller.session import Handoff
-from journal import CorruptRecord, Journal, open_journal
+from regent.controller import Session
+from regent.controller.session import Handoff
+from regent.journal import CorruptRecord, Journal, open_journal
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,7 +147,7 @@ def test_repair_is_refused_while_a_live_leader_holds_the_session(
 
 def _regent(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(_ROOT)}
-    return subprocess.run([sys.executable, "-m", "cli", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "regent.cli", *args], env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pyetcd
 import pytest
 
-from journal import Journal, JournalError, open_journal
-from journal.etcd_store import EtcdStore
-from journal.etcd_target import parse_etcd_url
-from journal.sqlite_store import SqliteStore
+from regent.journal import Journal, JournalError, open_journal
+from regent.journal.etcd_store import EtcdStore
+from regent.journal.etcd_target import parse_etcd_url
+from regent.journal.sqlite_store import SqliteStore
 
 # More batches than the first page of either store holds (SQLite 512, etcd 64 then more).
 _BATCHES = 600

@@ -7,8 +7,8 @@ import zlib
 import msgpack
 import pytest
 
-from journal import CorruptRecord, Journal
-from journal.codec import (
+from regent.journal import CorruptRecord, Journal
+from regent.journal.codec import (
     MAX_BATCH_BYTES,
     ZLIB_BATCH_FORMAT,
     decode_batch,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from journal.batching import Batch
-from journal.codec import encode_batch, encode_record
-from journal.sqlite_store import SqliteStore, monotonic_clock_id
+from regent.journal.batching import Batch
+from regent.journal.codec import encode_batch, encode_record
+from regent.journal.sqlite_store import SqliteStore, monotonic_clock_id
 
 pytestmark = pytest.mark.skipif(
     monotonic_clock_id() is None, reason="no boot id (/proc/sys/kernel/random/boot_id): not Linux"

@@ -8,7 +8,7 @@ import time
 
 OPEN = """
 import sys, time
-from journal.sqlite_store import SqliteStore
+from regent.journal.sqlite_store import SqliteStore
 start = float(sys.argv[2])
 while time.time() < start:
     pass

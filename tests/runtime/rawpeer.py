@@ -7,9 +7,9 @@ import collections
 
 import zmq
 
-import wire
-from wire import Kind
-from wire.security import Credentials, load_credentials, secure_client, secure_server
+from regent import wire
+from regent.wire import Kind
+from regent.wire.security import Credentials, load_credentials, secure_client, secure_server
 
 
 class RawPeer:

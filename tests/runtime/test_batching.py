@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import wire
-from controller import Session
+from regent import wire
+from regent.controller import Session
+from regent.wire import Kind, ProtocolError
+from regent.wire.security import load_credentials
+from regent.wire.transport import wait_until
+from regent.worker import Actor, endpoint
 from tests.runtime.rawpeer import RawPeer
-from wire import Kind, ProtocolError
-from wire.security import load_credentials
-from wire.transport import wait_until
-from worker import Actor, endpoint
 
 
 class Log(Actor):
@@ -214,7 +214,7 @@ def test_fifo_holds_across_batch_boundaries():
 def test_a_broadcast_then_sleep_is_delivered_without_any_later_call(tmp_path: Path, monkeypatch):
     out = tmp_path / "seen"
     # An unanswered call is sent again after RESEND_FIRST_S; that must not be what delivers it.
-    monkeypatch.setattr("controller.session.RESEND_FIRST_S", 3600.0)
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", 3600.0)
 
     def seen(word: str) -> bool:
         return out.exists() and out.read_text().count(word) == 2

@@ -9,8 +9,8 @@ import textwrap
 PROGRAM = textwrap.dedent(
     """
     from dataclasses import dataclass
-    from controller import Session
-    from worker import Actor, endpoint
+    from regent import Session
+    from regent import Actor, endpoint
 
     @dataclass
     class Msg:

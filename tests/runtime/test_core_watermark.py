@@ -1,6 +1,6 @@
 """The core's release watermark, driven by events with no processes (invariant 11)."""
 
-from controller.core import ControllerCore, Outcome
+from regent.controller.core import ControllerCore, Outcome
 
 
 def _ok() -> Outcome:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from wire import Kind
-from worker.dedupe import LARGE_RESULT_BYTES, CallIdentity, DedupeCache
-from worker.errors import DivergenceError
+from regent.wire import Kind
+from regent.worker.dedupe import LARGE_RESULT_BYTES, CallIdentity, DedupeCache
+from regent.worker.errors import DivergenceError
 
 ADD = CallIdentity(Kind.CALL, "add", 0, b"d")
 

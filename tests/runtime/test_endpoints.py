@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from controller import ActorError, Point, Session, ValueMesh
-from worker import Actor, current_rank, endpoint
+from regent.controller import ActorError, Point, Session, ValueMesh
+from regent.worker import Actor, current_rank, endpoint
 
 
 class Counter(Actor):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import wire
-from controller.core import Outcome
-from controller.engine import (
+from regent import wire
+from regent.controller.core import Outcome
+from regent.controller.engine import (
     COLLECTED,
     IN_TIME,
     NEVER_DURABLE,
@@ -19,9 +19,9 @@ from controller.engine import (
     Reads,
     Releases,
 )
-from controller.replay import CALL, OBS, RESULT, START, NonDeterminismError, ReplayIndex
-from journal import Record
-from worker.dedupe import LARGE_RESULT_BYTES
+from regent.controller.replay import CALL, OBS, RESULT, START, NonDeterminismError, ReplayIndex
+from regent.journal import Record
+from regent.worker.dedupe import LARGE_RESULT_BYTES
 
 # --- the durability rule ----------------------------------------------------------------
 

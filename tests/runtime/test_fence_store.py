@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from worker.fencing import FenceStore
+from regent.worker.fencing import FenceStore
 
 
 def test_a_saved_epoch_is_read_back_by_another_store_on_the_same_directory(tmp_path):

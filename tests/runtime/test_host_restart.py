@@ -16,16 +16,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-import wire
-from controller import Session, SupervisionError
+from regent import wire
+from regent.controller import Session, SupervisionError
+from regent.wire import Kind
+from regent.wire.security import load_credentials
+from regent.worker import Actor, context, endpoint
+from regent.worker.discovery import ensure_local_host
+from regent.worker.fencing import FenceStore
+from regent.worker.procinfo import running
+from regent.worker.supervision import RestartPolicy
 from tests.runtime.rawpeer import RawPeer
-from wire import Kind
-from wire.security import load_credentials
-from worker import Actor, context, endpoint
-from worker.discovery import ensure_local_host
-from worker.fencing import FenceStore
-from worker.procinfo import running
-from worker.supervision import RestartPolicy
 
 ORPHAN_PROGRAM = Path(__file__).resolve().parent.parent / "supervision" / "orphan_program.py"
 STOP_WAIT_S = 6.0  # an agent stopping takes up to its 3 s grace per batch of procs
@@ -70,7 +70,7 @@ def _workers_of(home: Path) -> list[int]:
     found = []
     for p in psutil.process_iter(["cmdline", "environ"], ad_value=None):
         argv, env = p.info["cmdline"] or [], p.info["environ"] or {}
-        if {"worker.host", "worker.proc"} & set(argv) and env.get("REGENT_HOME") == str(home) \
+        if {"regent.worker.host", "regent.worker.proc"} & set(argv) and env.get("REGENT_HOME") == str(home) \
                 and running(p.pid):
             found.append(p.pid)
     return found

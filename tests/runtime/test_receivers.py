@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from controller import Session, SupervisionError
+from regent.controller import Session, SupervisionError
+from regent.wire import Kind
+from regent.worker import Actor, endpoint
+from regent.worker.discovery import ensure_local_host
 from tests.runtime.rawpeer import RawPeer
-from wire import Kind
-from worker import Actor, endpoint
-from worker.discovery import ensure_local_host
 
 
 class Tally(Actor):
@@ -174,7 +174,7 @@ def test_a_lower_epoch_is_rejected_after_a_higher_one_was_seen(tally):
     assert meta["st"] == "fenced"
     assert "deposed" in meta["em"]
     # The session itself now holds a stale epoch: its calls are refused too.
-    from controller import LeadershipLost
+    from regent.controller import LeadershipLost
 
     with pytest.raises(LeadershipLost, match="deposed"):
         mesh.slice(procs=0).add.call_one(1).get()
@@ -185,7 +185,7 @@ def test_results_are_released_when_the_watermark_passes(tally):
     addr = mesh._procs[0].address
     peer.call(addr, s.sid, s.epoch, 50_000, "tally", "add", (1,))
     _result(peer)
-    import wire
+    from regent import wire
 
     peer.send(addr, wire.encode(Kind.WATERMARK, {"sid": s.sid, "e": s.epoch, "dw": 50_000, "cw": -1}))
     time.sleep(0.1)
@@ -226,7 +226,7 @@ def test_an_endpoint_calling_os_exit_is_a_supervision_error(tally):
 CONTROLLER = textwrap.dedent(
     """
     import json, sys, time
-    from controller import Session, Actor, endpoint
+    from regent import Session, Actor, endpoint
 
     class Keeper(Actor):
         def __init__(self):

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from chaos import ToxiproxyServer, find_toxiproxy_server
-from chaos.links import ProxiedLinks, proxy_name
-from controller import Session
-from worker import Actor, endpoint
+from regent.chaos import ToxiproxyServer, find_toxiproxy_server
+from regent.chaos.links import ProxiedLinks, proxy_name
+from regent.controller import Session
+from regent.worker import Actor, endpoint
 
 
 class Slow(Actor):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.replay import SUPERVISION, ReplayIndex
-from journal import Record
+from regent.controller.replay import SUPERVISION, ReplayIndex
+from regent.journal import Record
 
 
 def _sup(lsn: int, **data) -> Record:

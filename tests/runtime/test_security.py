@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import zmq
 
-import wire
-from controller import Session
-from controller.replay import CALL, START
-from journal import GroupCommitWriter, open_journal
+from regent import wire
+from regent.controller import Session
+from regent.controller.replay import CALL, START
+from regent.journal import GroupCommitWriter, open_journal
+from regent.wire import Kind
+from regent.wire.security import Credentials, is_loopback, load_credentials, secure_server
+from regent.worker import Actor, endpoint
 from tests.runtime.fakeagent import ListenerWithoutSecret
 from tests.runtime.rawpeer import RawPeer
-from wire import Kind
-from wire.security import Credentials, is_loopback, load_credentials, secure_server
-from worker import Actor, endpoint
 
 
 class Echo(Actor):
@@ -191,7 +191,7 @@ def test_a_secret_others_could_read_is_refused(tmp_path, monkeypatch):
 # journal someone else wrote would run it. Run twice: killed after journaling, then replayed.
 _PLANTED = """
 import os, signal, sys
-from controller import Session
+from regent import Session
 
 class Plant:
     def __reduce__(self):

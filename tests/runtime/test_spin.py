@@ -12,9 +12,9 @@ import time
 import psutil
 import pytest
 
-from controller import Session
-from wire.transport import DEFAULT_SPIN_US, spin_budget_s
-from worker import Actor, endpoint
+from regent.controller import Session
+from regent.wire.transport import DEFAULT_SPIN_US, spin_budget_s
+from regent.worker import Actor, endpoint
 
 
 def _cpu_s(pid: int) -> float:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import wire
-from controller import ActorError, Session
+from regent import wire
+from regent.controller import ActorError, Session
+from regent.wire import Kind, ProtocolError, schema
+from regent.worker import Actor, endpoint
+from regent.worker.discovery import ensure_local_host
 from tests.runtime.rawpeer import RawPeer
-from wire import Kind, ProtocolError, schema
-from worker import Actor, endpoint
-from worker.discovery import ensure_local_host
 
 CAP = 1 << 20
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker.procinfo import running
+from regent.worker.procinfo import running
 
 PROGRAM = Path(__file__).with_name("orphan_program.py")
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from controller import Session, SupervisionError
-from worker import Actor, context, endpoint
-from worker.errors import ActorExit
-from worker.supervision import RestartPolicy
+from regent.controller import Session, SupervisionError
+from regent.worker import Actor, context, endpoint
+from regent.worker.errors import ActorExit
+from regent.worker.supervision import RestartPolicy
 
 
 class Member(Actor):

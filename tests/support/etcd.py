@@ -9,8 +9,8 @@ import contextlib
 import socket
 from collections.abc import Iterator
 
-from chaos.etcd import LocalEtcd as EtcdServer
-from chaos.etcd import etcd_binary
+from regent.chaos.etcd import LocalEtcd as EtcdServer
+from regent.chaos.etcd import etcd_binary
 
 __all__ = ["MISSING_REASON", "EtcdServer", "etcd_available", "free_port", "held_port"]
 

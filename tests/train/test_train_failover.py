@@ -50,7 +50,7 @@ def test_training_through_a_controller_failover_ends_bit_identical_to_a_run_with
 
     # The session with the failover passes an audit replay of the same program.
     audit = subprocess.run(
-        [sys.executable, "-m", "cli", "journal", "--journal", url, "replay", session,
+        [sys.executable, "-m", "regent.cli", "journal", "--journal", url, "replay", session,
          "--program", str(TRAIN), "--", "--session", session, *args, "--checkpoint-dir",
          str(tmp_path / f"{session}.ckpt")], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert audit.returncode == 0, audit.stderr[-3000:]

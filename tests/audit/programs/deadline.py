@@ -7,8 +7,8 @@ import json
 import os
 import time
 
-from controller import Session
-from worker import Actor, current_rank, endpoint
+from regent.controller import Session
+from regent.worker import Actor, current_rank, endpoint
 
 
 class Sleeper(Actor):

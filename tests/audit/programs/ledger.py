@@ -9,8 +9,8 @@ import os
 import sys
 import time
 
-from controller import ActorError, Session
-from worker import Actor, endpoint
+from regent.controller import ActorError, Session
+from regent.worker import Actor, endpoint
 
 
 class Ledger(Actor):

@@ -12,8 +12,8 @@ import os
 import signal
 import sys
 
-from controller import Actor, Session, endpoint
-from controller.replay import LostResultError
+from regent.controller import Actor, Session, endpoint
+from regent.controller.replay import LostResultError
 
 
 class Blob(Actor):

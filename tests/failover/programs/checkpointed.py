@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from controller import Session
-from worker import Actor, endpoint
+from regent.controller import Session
+from regent.worker import Actor, endpoint
 
 
 class Acc(Actor):

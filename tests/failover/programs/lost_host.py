@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from controller import Session
-from worker import Actor, endpoint
+from regent.controller import Session
+from regent.worker import Actor, endpoint
 
 
 class Echo(Actor):

@@ -13,8 +13,8 @@ import os
 import sys
 import time
 
-from controller import Session
-from worker import Actor, endpoint
+from regent.controller import Session
+from regent.worker import Actor, endpoint
 
 
 class Worker(Actor):
