@@ -6,6 +6,6 @@ scripts/bootstrap.sh
 scripts/install_etcd.sh
 scripts/install_toxiproxy.sh
 export PATH="$PWD/.tools/bin:$PATH"
-.venv/bin/ruff check regent controller worker hipcore journal chaos tests bench examples
+.venv/bin/ruff check regent controller worker wire hipcore journal chaos cli tests bench examples
 .venv/bin/lint-imports  # the layering contracts in pyproject.toml
 exec .venv/bin/python -m pytest -q "$@"
