@@ -8,13 +8,13 @@ mid-request) neither loses nor duplicates records.
 
 Connections use TLS and etcd user auth as the url says (journal/etcd_target.py); an auth
 token that etcd stops accepting (it expired, or etcd restarted) is replaced by a fresh one
-and the request sent again.
+and the request sent again (journal/_etcd_auth.py). The key names are in _etcd_keys.py, the
+error classification in _etcd_errors.py, the log read at one revision in _etcd_snapshot.py.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import grpc
 import pyetcd
 import structlog
-from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exc
 from pyetcd.utils import prefix_range_end
 from tenacity import (
@@ -33,10 +32,22 @@ from tenacity import (
     wait_exponential,
 )
 
+from ._etcd_auth import EtcdAuth
+from ._etcd_errors import describe, details, is_transient, rpc_error, tls_refused
+from ._etcd_keys import (
+    ROOT,
+    checkpoint_key,
+    compacted_key,
+    leader_key,
+    log_key,
+    log_prefix,
+    session_prefix,
+)
+from ._etcd_snapshot import SnapshotReader
 from .backend import Grant, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
-from .errors import JournalAccessDenied, JournalError, JournalUnavailable, LeadershipLost
-from .etcd_target import ENV_CA, ENV_CERT, ENV_KEY, ENV_PASSWORD, EtcdTarget
+from .errors import JournalError, JournalUnavailable, LeadershipLost
+from .etcd_target import ENV_CA, EtcdTarget
 
 log = structlog.get_logger("journal.etcd")
 
@@ -51,29 +62,6 @@ _GRPC_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
 
-_TRANSIENT_CODES = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.ABORTED,
-}
-_TRANSIENT_TYPES = (
-    etcd_exc.ConnectionFailedError,
-    etcd_exc.ConnectionTimeoutError,
-    etcd_exc.NoServerAvailableError,
-    etcd_exc.InternalServerError,
-)
-
-_ROOT = b"/regent/"
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for errors that may go away if the same request is sent again."""
-    if isinstance(exc, _TRANSIENT_TYPES):
-        return True
-    return isinstance(exc, grpc.RpcError) and exc.code() in _TRANSIENT_CODES
-
 
 def start_hint(address: str, *, tls: bool = False) -> str:
     if tls:
@@ -86,76 +74,6 @@ def start_hint(address: str, *, tls: bool = False) -> str:
         f"start one with: etcd --data-dir /tmp/etcd --listen-client-urls http://{address} "
         f"--advertise-client-urls http://{address}"
     )
-
-
-def _rpc_error(exc: BaseException) -> grpc.RpcError | None:
-    """The gRPC error behind `exc`: pyetcd raises its own exceptions from inside an
-    `except grpc.RpcError`, which leaves the original (and its details) as the context."""
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            return None
-        if isinstance(seen, grpc.RpcError) and hasattr(seen, "details"):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _details(exc: BaseException) -> str:
-    rpc = _rpc_error(exc)
-    return (rpc.details() or "") if rpc is not None else ""
-
-
-def _describe(exc: BaseException) -> str:
-    details = _details(exc)
-    text = f"{type(exc).__name__}: {exc}"
-    return f"{text} ({details})" if details and details not in text else text
-
-
-# What etcd answers when it no longer accepts a token (it expired, etcd restarted, or the auth
-# store changed since the token was issued); a fresh token fixes all three.
-_STALE_TOKEN = ("invalid auth token", "revision of auth store is old")
-
-
-def _token_rejected(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.RpcError) and any(
-        marker in (exc.details() or "") for marker in _STALE_TOKEN
-    )
-
-
-def _tls_refused(exc: BaseException) -> bool:
-    """A TLS handshake that failed on a certificate: sending again cannot succeed."""
-    details = _details(exc)
-    return any(
-        marker in details
-        for marker in ("CERTIFICATE_VERIFY_FAILED", "TSI_DATA_CORRUPTED", "BAD_CERTIFICATE",
-                       "CERTIFICATE_REQUIRED", "Peer name", "WRONG_VERSION_NUMBER")
-    )  # fmt: skip
-
-
-def _session_prefix(session: str) -> bytes:
-    return _ROOT + session.encode() + b"/"
-
-
-def _leader_key(session: str) -> bytes:
-    return _session_prefix(session) + b"leader"
-
-
-def _log_prefix(session: str) -> bytes:
-    return _session_prefix(session) + b"log/"
-
-
-def log_key(session: str, lsn: int) -> bytes:
-    """The etcd key of the batch whose first record has this lsn."""
-    return _log_prefix(session) + b"%016x" % lsn
-
-
-def _checkpoint_key(session: str) -> bytes:
-    return _session_prefix(session) + b"checkpoint"
-
-
-def _compacted_key(session: str) -> bytes:
-    return _session_prefix(session) + b"compacted"
 
 
 class EtcdStore:
@@ -181,179 +99,37 @@ class EtcdStore:
         self.url = target.url
         self._op_timeout_s = op_timeout_s
         self._retry_s = retry_s
-        self._credentials = self._channel_credentials()
-        # The auth token every client of this store sends; replaced when etcd stops taking it.
-        self._token_lock = threading.Lock()
-        self._token: str | None = None
-        self._clients: list[pyetcd.MultiEndpointEtcd3Client] = []
-        # Keys per page of a log read; None sizes pages to a few MiB.
-        self._read_page = read_page
+        self._auth = EtcdAuth(target)
         self._client = self._make_client(op_timeout_s)
+        # Keys per page of a log read; None sizes pages to a few MiB.
+        self._snapshots = SnapshotReader(self._client, self._retry, read_page)
         self._keepalive_client: pyetcd.MultiEndpointEtcd3Client | None = None
         self._check_reachable(connect_timeout_s)
-
-    def _channel_credentials(self) -> grpc.ChannelCredentials | None:
-        tls = self.target.tls
-        if tls is None:
-            return None
-        pem: dict[str, bytes | None] = {}
-        for name, what in (("ca", "CA certificate"), ("cert", "client certificate"),
-                           ("key", "client key")):  # fmt: skip
-            path = getattr(tls, name)
-            if path is None:
-                pem[name] = None
-                continue
-            try:
-                pem[name] = path.read_bytes()
-            except OSError as exc:
-                raise JournalAccessDenied(
-                    f"etcd journal {self.url}: cannot read the {what} {path} (from "
-                    f"{tls.source(name)}): {exc.strerror or exc}; point {tls.source(name)} at a "
-                    "readable PEM file"
-                ) from None
-            if b"-----BEGIN" not in pem[name]:
-                raise JournalAccessDenied(
-                    f"etcd journal {self.url}: the {what} {path} (from {tls.source(name)}) is "
-                    "not a PEM file; give the PEM file etcd's certificates were made with"
-                )
-        return grpc.ssl_channel_credentials(pem["ca"], pem["key"], pem["cert"])
 
     def _make_client(self, timeout: float) -> pyetcd.MultiEndpointEtcd3Client:
         # pyetcd marks a failed endpoint unusable for `time_retry` seconds; with one endpoint
         # that would turn a one-second etcd restart into minutes of errors.
         several = len(self.addresses) > 1
-        secure = self._credentials is not None
+        credentials = self._auth.credentials
+        secure = credentials is not None
         endpoints = [
             pyetcd.Endpoint(
-                host, port, secure=secure, creds=self._credentials,
+                host, port, secure=secure, creds=credentials,
                 time_retry=0.5 if several else 0.0, opts=_GRPC_OPTIONS,
             )
             for host, port in self.addresses
         ]  # fmt: skip
         # The user and password are not handed to pyetcd: it would send the token as call
         # credentials, which gRPC refuses over plain connections. The token goes as request
-        # metadata instead, which pyetcd sends with every call (see _authenticate).
+        # metadata instead, which pyetcd sends with every call (see EtcdAuth.attach).
         client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=endpoints, timeout=timeout, failover=several
         )
-        with self._token_lock:
-            client.metadata = None if self._token is None else (("token", self._token),)
-            self._clients.append(client)
+        self._auth.attach(client)
         return client
 
-    def _authenticate(self, client: pyetcd.MultiEndpointEtcd3Client, stale: str | None) -> None:
-        """Get a fresh auth token through `client` and hand it to every client of this store,
-        unless another thread already replaced the token `stale` that etcd refused."""
-        user, password = self.target.user, self.target.password
-        if user is None or password is None:
-            return
-        with self._token_lock:
-            if self._token != stale:
-                return
-            try:
-                token = self._fetch_token(client, user, password)
-            except grpc.RpcError as exc:
-                if "authentication is not enabled" in (exc.details() or ""):
-                    log.warning(
-                        "etcd does not have auth enabled; connecting without a user",
-                        etcd=self.url,
-                    )
-                    return
-                raise
-            self._token = token
-            for each in self._clients:
-                each.metadata = (("token", token),)
-
-    @staticmethod
-    def _fetch_token(client: pyetcd.MultiEndpointEtcd3Client, user: str, password: str) -> str:
-        # Asked of each endpoint in turn, the one in use first: pyetcd fails over only inside
-        # its own request methods, and it has none for Authenticate. Any member's token is
-        # good cluster-wide (etcd applies each authentication through raft).
-        request = etcdrpc.AuthenticateRequest(name=user, password=password)
-        endpoints = [client.endpoint_in_use]
-        endpoints += [ep for ep in client.endpoints.values() if ep is not endpoints[0]]
-        for i, endpoint in enumerate(endpoints):
-            try:
-                return etcdrpc.AuthStub(endpoint.channel).Authenticate(request, client.timeout).token
-            except grpc.RpcError as exc:
-                if i == len(endpoints) - 1 or not is_transient(exc):
-                    raise
-        raise AssertionError("unreachable")
-
-    def _with_token(self, client: pyetcd.MultiEndpointEtcd3Client, fn: Callable[[], T]) -> T:
-        """Run `fn`; if etcd refuses the token it sent, authenticate again and run it once more."""
-        sent = self._token
-        try:
-            return fn()
-        except grpc.RpcError as exc:
-            if self.target.user is None or not _token_rejected(exc):
-                raise
-            log.info("etcd refused the auth token; authenticating again", etcd=self.url,
-                     user=self.target.user, reason=exc.details())  # fmt: skip
-        self._authenticate(client, sent)
-        return fn()
-
-    def _denied(self, exc: BaseException, what: str) -> JournalAccessDenied | None:
-        """The access error `exc` stands for, worded for a person, or None if it is not one."""
-        rpc = _rpc_error(exc)
-        if rpc is None:
-            return None
-        code, details = rpc.code(), rpc.details() or ""
-        user = self.target.user
-        if "invalid user ID or password" in details:
-            return JournalAccessDenied(
-                f"etcd at {self.url} refused user {user!r}: wrong password or no such user "
-                f"({details}); set ${ENV_PASSWORD} to that user's password, or fix ?user="
-            )
-        if "user name is empty" in details:
-            return JournalAccessDenied(
-                f"etcd at {self.url} has auth enabled and needs a user ({details}): add "
-                f"?user=NAME to the journal url and export ${ENV_PASSWORD}"
-            )
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            return JournalAccessDenied(
-                f"etcd at {self.url} denied user {user!r} the {what} ({details}): grant its role "
-                "read-write on the journal's keys, e.g. `etcdctl role grant-permission ROLE "
-                "--prefix=true readwrite /regent/`"
-            )
-        if code == grpc.StatusCode.UNAUTHENTICATED or _token_rejected(rpc):
-            return JournalAccessDenied(
-                f"etcd at {self.url} did not accept a fresh auth token for user {user!r} "
-                f"({details}); check the user exists and etcd's --auth-token setting"
-            )
-        return None
-
-    def _tls_error(self, exc: BaseException) -> JournalAccessDenied | None:
-        tls = self.target.tls
-        details = _details(exc)
-        if tls is None or not _tls_refused(exc):
-            return None
-        host = self.addresses[0][0]
-        if "CERTIFICATE_VERIFY_FAILED" in details or "Peer name" in details:
-            trusted = "the system's CA roots" if tls.ca is None else f"the CA in {tls.ca}"
-            return JournalAccessDenied(
-                f"etcd at {self.url} presented a certificate that {trusted} does not accept "
-                f"({details}); set {tls.source('ca')} to the CA that signed etcd's --cert-file, "
-                f"and check that certificate names {host}"
-            )
-        if "WRONG_VERSION_NUMBER" in details:
-            return JournalAccessDenied(
-                f"etcd at {self.url} does not speak TLS ({details}); if it serves http, use "
-                f"etcd://{self.address_text} with ${ENV_CA}, ${ENV_CERT} and ${ENV_KEY} unset"
-            )
-        if tls.cert is None:
-            return JournalAccessDenied(
-                f"etcd at {self.url} refused the TLS connection ({details}): it requires a "
-                f"client certificate (--client-cert-auth); give cert= and key= in the url, or "
-                f"set ${ENV_CERT} and ${ENV_KEY}"
-            )
-        return JournalAccessDenied(
-            f"etcd at {self.url} refused the client certificate {tls.cert} ({details}): it must "
-            "be signed by the CA in etcd's --trusted-ca-file"
-        )
-
     def _first_contact(self) -> None:
-        self._authenticate(self._client, None)
+        self._auth.authenticate(self._client, None)
         self._client.status()
 
     def _check_reachable(self, connect_timeout_s: float) -> None:
@@ -364,20 +140,20 @@ class EtcdStore:
                 what="status",
                 within_s=connect_timeout_s,
                 quiet=True,
-                retry_if=lambda exc: is_transient(exc) and not _tls_refused(exc),
+                retry_if=lambda exc: is_transient(exc) and not tls_refused(exc),
             )
         except JournalUnavailable as exc:
             cause = exc.__cause__
             first = self.addresses[0]
             address = f"{first[0]}:{first[1]}"
             where = self.url if tls or self.target.user else self.address_text
-            rpc = _rpc_error(exc)
+            rpc = rpc_error(exc)
             timed_out = rpc is not None and rpc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             if timed_out or isinstance(cause, etcd_exc.ConnectionTimeoutError):
                 problem = (
                     f"did not answer within {connect_timeout_s:g}s (is it paused or overloaded?"
                 )
-            elif not tls and "Socket closed" in _details(exc):
+            elif not tls and "Socket closed" in details(exc):
                 problem = (
                     "closed the connection at once (if it serves TLS, use "
                     f"etcds://{self.address_text}?ca=PATH or set ${ENV_CA}; if not,"
@@ -401,13 +177,13 @@ class EtcdStore:
         quiet: bool = False,
         retry_if: Callable[[BaseException], bool] = is_transient,
     ) -> T:
-        call = fn if self.target.user is None else lambda: self._with_token(self._client, fn)
+        call = fn if self.target.user is None else lambda: self._auth.with_token(self._client, fn)
         try:
             return self._retry_transient(
                 call, what=what, within_s=within_s, quiet=quiet, retry_if=retry_if
             )
         except (grpc.RpcError, etcd_exc.Etcd3Exception) as exc:
-            denied = self._tls_error(exc) or self._denied(exc, what)
+            denied = self._auth.tls_error(exc) or self._auth.denied(exc, what)
             if denied is not None:
                 raise denied from exc
             raise
@@ -431,7 +207,7 @@ class EtcdStore:
                 raise
             (log.debug if quiet else log.warning)(
                 "etcd request failed, retrying", request=what, etcd=self.url, attempt=1,
-                error=_describe(exc))
+                error=describe(exc))
 
         def note(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -440,7 +216,7 @@ class EtcdStore:
                 request=what,
                 etcd=self.url,
                 attempt=state.attempt_number + 1,
-                error=None if exc is None else _describe(exc),
+                error=None if exc is None else describe(exc),
             )
 
         retrying = Retrying(
@@ -456,7 +232,7 @@ class EtcdStore:
             if retry_if(exc):
                 raise JournalUnavailable(
                     f"etcd at {self.address_text} did not complete {what} within {limit:g}s "
-                    f"({_describe(exc)}); check that etcd is running and reachable"
+                    f"({describe(exc)}); check that etcd is running and reachable"
                 ) from exc
             raise
 
@@ -468,7 +244,7 @@ class EtcdStore:
     def try_acquire(
         self, session: str, holder: str, ttl_s: float, *, beacon: str | None = None
     ) -> Grant | None:
-        key = _leader_key(session)
+        key = leader_key(session)
         value, _ = self._retry(lambda: self._client.get(key), what="read leader")
         if value is not None:
             return None
@@ -515,7 +291,9 @@ class EtcdStore:
             timeout = max(0.2, min(grant.ttl_s / 4, 2.0))
             self._keepalive_client = self._make_client(timeout)
         client = self._keepalive_client
-        responses = self._with_token(client, lambda: list(client.refresh_lease(grant.lease_id)))
+        responses = self._auth.with_token(
+            client, lambda: list(client.refresh_lease(grant.lease_id))
+        )
         return bool(responses) and responses[0].TTL > 0
 
     def release(self, grant: Grant, *, within_s: float = 3.0) -> None:
@@ -531,7 +309,7 @@ class EtcdStore:
 
     def incumbent(self, session: str) -> Incumbent | None:
         value, meta = self._retry(
-            lambda: self._client.get(_leader_key(session)), what="read leader"
+            lambda: self._client.get(leader_key(session)), what="read leader"
         )
         if value is None:
             return None
@@ -546,7 +324,7 @@ class EtcdStore:
         # leadership behind. The lease id comes from the same read that matched holder and
         # epoch, and every campaign grants a fresh lease, so revoking it can only ever end
         # `leader`'s leadership, even if the key changed hands since that read.
-        key = _leader_key(session)
+        key = leader_key(session)
         value, meta = self._retry(lambda: self._client.get(key), what="read leader", within_s=2.0)
         if value is None or meta.create_revision != leader.epoch:
             return False
@@ -566,7 +344,7 @@ class EtcdStore:
 
     def _fence(self, grant: Grant) -> list[Any]:
         t = self._client.transactions
-        key = _leader_key(grant.session)
+        key = leader_key(grant.session)
         return [t.create(key) == grant.epoch, t.value(key) == grant.stored_holder.encode()]
 
     def _lost(self, grant: Grant, leader_kvs: list, what: str) -> LeadershipLost:
@@ -593,7 +371,7 @@ class EtcdStore:
         first_key = log_key(grant.session, batches[0].first_lsn)
         compare = [*self._fence(grant), t.create(first_key) == 0]
         success = [t.put(log_key(grant.session, b.first_lsn), b.value) for b in batches]
-        failure = [t.get(_leader_key(grant.session)), t.get(first_key)]
+        failure = [t.get(leader_key(grant.session)), t.get(first_key)]
 
         def attempt() -> None:
             ok, responses = self._txn(compare, success, failure)
@@ -622,8 +400,8 @@ class EtcdStore:
         def attempt() -> None:
             ok, responses = self._txn(
                 self._fence(grant),
-                [t.put(_checkpoint_key(grant.session), value)],
-                [t.get(_leader_key(grant.session))],
+                [t.put(checkpoint_key(grant.session), value)],
+                [t.get(leader_key(grant.session))],
             )
             if not ok:
                 raise self._lost(grant, responses[0], "checkpoint")
@@ -632,7 +410,7 @@ class EtcdStore:
 
     def get_checkpoint(self, session: str) -> bytes | None:
         value, _ = self._retry(
-            lambda: self._client.get(_checkpoint_key(session)), what="read checkpoint"
+            lambda: self._client.get(checkpoint_key(session)), what="read checkpoint"
         )
         return value
 
@@ -646,86 +424,10 @@ class EtcdStore:
             yield from snapshot
 
     def read_log(self, session: str, start_lsn: int = 0) -> LogSnapshot:
-        # Every page reads at the revision the compaction note was read at, so a compaction
-        # (or anything else) committed meanwhile is not seen halfway.
-        while True:
-            resp = self._retry(
-                lambda: self._client.get_response(_compacted_key(session)), what="read log"
-            )
-            revision = resp.header.revision
-            compacted = resp.kvs[0].value if resp.kvs else None
-            try:
-                resp = self._retry(
-                    lambda rev=revision: self._client.get_response(
-                        _checkpoint_key(session), revision=rev
-                    ),
-                    what="read log",
-                )
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
-                    raise
-                continue  # etcd compacted that revision at once: nothing read yet, begin again
-            checkpoint = resp.kvs[0].value if resp.kvs else None
-            snapshot = LogSnapshot(compacted, checkpoint, iter(()))
-            snapshot.batches = self._log_pages(session, start_lsn, revision, snapshot)
-            return snapshot
-
-    def _log_pages(
-        self, session: str, start_lsn: int, revision: int, snapshot: LogSnapshot
-    ) -> Iterator[tuple[int, bytes]]:
-        prefix = _log_prefix(session)
-        end = prefix_range_end(prefix)
-        start_key = log_key(session, start_lsn)
-        from_key: bytes | None = None
-        limit = self._read_page or 64
-        cut = len(prefix)
-        while True:
-            try:
-                if from_key is None:
-                    # The batch holding start_lsn may begin before it.
-                    resp = self._range(
-                        prefix, start_key + b"\0", sort_order="descend", limit=1,
-                        keys_only=True, revision=revision,
-                    )
-                    from_key = resp.kvs[0].key if resp.kvs else start_key
-                resp = self._range(from_key, end, limit=limit, revision=revision)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
-                    raise
-                revision = self._after_revision_compacted(session, revision, snapshot)
-                continue
-            size = 0
-            for kv in resp.kvs:
-                size += len(kv.value)
-                yield int(kv.key[cut:], 16), kv.value
-            if not resp.more or not resp.kvs:
-                return
-            from_key = resp.kvs[-1].key + b"\0"
-            if self._read_page is None:
-                # Aim for pages of a few MiB whatever the batch size.
-                per_key = max(1, size // len(resp.kvs))
-                limit = max(16, min(4096, (4 << 20) // per_key))
-
-    def _after_revision_compacted(self, session: str, revision: int, snapshot: LogSnapshot) -> int:
-        """etcd compacted its history past the revision a log read pages at: go on at the
-        current revision if the session's log can only have grown since (the compaction note
-        is the same: journal compaction notes before it deletes), else raise."""
-        resp = self._retry(
-            lambda: self._client.get_response(_compacted_key(session)), what="read log"
-        )
-        note = resp.kvs[0].value if resp.kvs else None
-        if note != snapshot.compacted:
-            raise JournalError(
-                f"session {session!r}: its log was compacted while it was being read, and etcd "
-                f"compacted its own history past revision {revision}, where the read began; "
-                "nothing read is wrong, but the read cannot go on: read it again"
-            )
-        log.info("etcd compacted the revision a log read was at; reading on at the current one",
-                 session=session, revision=revision, now=resp.header.revision)
-        return resp.header.revision
+        return self._snapshots.read_log(session, start_lsn)
 
     def _edge_batch(self, session: str, order: str) -> tuple[int, bytes] | None:
-        prefix = _log_prefix(session)
+        prefix = log_prefix(session)
         resp = self._range(prefix, prefix_range_end(prefix), sort_order=order, limit=1)
         if not resp.kvs:
             return None
@@ -747,7 +449,7 @@ class EtcdStore:
         if not batches:
             return
         t = self._client.transactions
-        prefix = _log_prefix(grant.session)
+        prefix = log_prefix(grant.session)
         first_key = log_key(grant.session, batches[0][0])
         # The exact values, read with their revisions: the delete compares each revision, so
         # a batch that changed since it was inspected is never dropped.
@@ -771,7 +473,7 @@ class EtcdStore:
         compare = [*self._fence(grant), *(t.mod(key) == stored[key].mod_revision for key in keys)]
         ok, responses = self._retry(
             lambda: self._txn(
-                compare, [t.delete(key) for key in keys], [t.get(_leader_key(grant.session))]
+                compare, [t.delete(key) for key in keys], [t.get(leader_key(grant.session))]
             ),
             what="repair",
         )
@@ -787,33 +489,30 @@ class EtcdStore:
 
     def get_compacted(self, session: str) -> bytes | None:
         value, _ = self._retry(
-            lambda: self._client.get(_compacted_key(session)), what="read compaction note"
+            lambda: self._client.get(compacted_key(session)), what="read compaction note"
         )
         return value
 
     def put_compacted(self, session: str, value: bytes) -> None:
         self._retry(
-            lambda: self._client.put(_compacted_key(session), value), what="note compaction"
+            lambda: self._client.put(compacted_key(session), value), what="note compaction"
         )
 
     def session_names(self) -> list[str]:
         # Skip from one session's keys to the next instead of listing every log key.
         names: list[str] = []
-        start, end = _ROOT, prefix_range_end(_ROOT)
+        start, end = ROOT, prefix_range_end(ROOT)
         while True:
             resp = self._range(start, end, limit=1, keys_only=True)
             if not resp.kvs:
                 return names
-            name = resp.kvs[0].key[len(_ROOT) :].split(b"/", 1)[0]
+            name = resp.kvs[0].key[len(ROOT) :].split(b"/", 1)[0]
             names.append(name.decode())
-            start = _ROOT + name + b"0"  # "0" sorts right after "/"
+            start = ROOT + name + b"0"  # "0" sorts right after "/"
 
     def delete_session(self, session: str) -> None:
-        prefix = _session_prefix(session)
+        prefix = session_prefix(session)
         self._retry(lambda: self._client.delete_prefix(prefix), what="delete session")
 
     def close(self) -> None:
-        with self._token_lock:
-            clients, self._clients = self._clients, []
-        for client in clients:
-            client.close()
+        self._auth.close()

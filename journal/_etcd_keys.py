@@ -1,0 +1,33 @@
+"""Where a session's journal lives in etcd's key space (the layout etcd_store.py describes).
+
+Names only: no requests. The store and its log reader both build keys here.
+"""
+
+from __future__ import annotations
+
+ROOT = b"/regent/"
+
+
+def session_prefix(session: str) -> bytes:
+    return ROOT + session.encode() + b"/"
+
+
+def leader_key(session: str) -> bytes:
+    return session_prefix(session) + b"leader"
+
+
+def log_prefix(session: str) -> bytes:
+    return session_prefix(session) + b"log/"
+
+
+def log_key(session: str, lsn: int) -> bytes:
+    """The etcd key of the batch whose first record has this lsn."""
+    return log_prefix(session) + b"%016x" % lsn
+
+
+def checkpoint_key(session: str) -> bytes:
+    return session_prefix(session) + b"checkpoint"
+
+
+def compacted_key(session: str) -> bytes:
+    return session_prefix(session) + b"compacted"
