@@ -6,24 +6,22 @@ to the session's controllers, and stops a session's procs when told to. Procs ar
 its children, never the controller's, so they outlive a controller crash.
 
 The agent can die too. Its procs then start a new one, which binds the dead agent's
-address and adopts them (PROC_ADOPT): from then on it watches, reports and stops them
-as its own, OTP-style. What it knows comes from its procs, except each session's epoch
-fence, which it also keeps on disk ($REGENT_HOME/fences): a successor refuses a deposed
-controller from its first message, before any proc has adopted it (DESIGN invariant 9).
+address and adopts them (PROC_ADOPT, worker/_adopting.py): from then on it watches,
+reports and stops them as its own, OTP-style. What it knows comes from its procs, except
+each session's epoch fence, which it also keeps on disk ($REGENT_HOME/fences): a successor
+refuses a deposed controller from its first message, before any proc has adopted it
+(DESIGN invariant 9).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import structlog
 import zmq
@@ -32,115 +30,26 @@ from regent import wire
 from regent.wire import Kind, ProtocolError, schema
 from regent.wire.security import load_credentials, regent_home, stop_authenticator
 from regent.wire.transport import Inbox, Outbox, peer_of, valid_address
-from regent.worker import discovery, procinfo
+from regent.worker import discovery
+from regent.worker._adopting import ADOPT_GRACE_S, _Adoption
+from regent.worker._hoststate import (
+    _env_at,
+    _Proc,
+    _RequestIdentity,
+    _SessionState,
+    _spawn_origin,
+    _SpawnRequest,
+)
 from regent.worker.fencing import EpochFence, FenceStore
 
 log = structlog.get_logger("regent.host")
 
 PROC_START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 3.0
-# A restarted agent holds spawn requests this long (and 1 s past the latest adoption), so
-# a replayed request finds the procs it once started adopted, instead of starting more.
-ADOPT_GRACE_S = 5.0
 STOPPED_SESSIONS_KEPT = 4096
 
 
-@dataclass
-class _Proc:
-    id: str
-    index: int
-    pid: int
-    pidfd: int
-    popen: subprocess.Popen | None = None  # None: adopted from a dead agent, so not our child
-    addr: str | None = None
-    exited: bool = False
-    exit_status: int | None = None  # stays None for an adopted proc: its status goes to init
-
-    @property
-    def adopted(self) -> bool:
-        return self.popen is None
-
-    def send_signal(self, sig: int) -> None:
-        """Signal through the pidfd: never a process that reused the pid."""
-        try:
-            signal.pidfd_send_signal(self.pidfd, sig)
-        except ProcessLookupError:
-            pass
-
-    def wait(self, timeout: float | None) -> bool:
-        """True once the process has exited (its status collected when it is our child)."""
-        if not select.select([self.pidfd], [], [], None if timeout is None else max(0.0, timeout))[0]:
-            return False
-        self.exited = True
-        if self.popen is not None:
-            self.exit_status = self.popen.wait()
-        return True
-
-    def status_text(self) -> str:
-        return "unknown (adopted)" if self.adopted else str(self.exit_status)
-
-
-class _RequestIdentity(NamedTuple):
-    """What a spawn_procs call id, or the proc a respawn_proc replaces, stands for: the same
-    key sent again with anything else is another request, refused as a divergence. Only
-    what a restarted agent learns again from the procs it adopts belongs here."""
-
-    op: str
-    size: int  # procs asked for
-    index: int  # of the proc a respawn_proc replaces; -1 for spawn_procs
-    digest: bytes | None  # the controller's digest of a spawn_procs call (None: it sent none)
-
-    def describe(self) -> str:
-        if self.op == "respawn_proc":
-            return f"respawn_proc at index {self.index}"
-        digest = "no digest" if self.digest is None else f"digest {self.digest.hex()}"
-        return f"spawn_procs of {self.size} procs with {digest}"
-
-
-@dataclass
-class _SpawnRequest:
-    sid: str
-    seq: int  # the controller's call id; -1 for a respawn
-    identity: _RequestIdentity
-    procs: list[_Proc]
-    waiters: list[tuple[str, object]]
-    started: float
-    size: int  # procs it asked for: fewer are known while a restarted agent adopts them
-    first: int  # index of its first proc
-    answered: dict | None = None
-    refill: tuple[list, list] | None = None  # envs and path for procs that died with the old agent
-
-    def complete(self) -> bool:
-        return len(self.procs) == self.size and all(p.addr for p in self.procs)
-
-
-def _spawn_origin(seq: int, identity: _RequestIdentity, pos: int) -> list[str]:
-    """The argv naming a spawn_procs request to its proc at `pos`, which tells a successor agent."""
-    argv = ["--spawn-seq", str(seq), "--spawn-size", str(identity.size), "--spawn-pos", str(pos)]
-    if identity.digest is not None:
-        argv += ["--spawn-digest", identity.digest.hex()]
-    return argv
-
-
-@dataclass
-class _SessionState:
-    fence: EpochFence = field(default_factory=EpochFence)
-    controllers: set[str] = field(default_factory=set)
-    procs: dict[str, _Proc] = field(default_factory=dict)
-    spawns: dict[int, _SpawnRequest] = field(default_factory=dict)
-    respawns: dict[str, _SpawnRequest] = field(default_factory=dict)  # by the id of the proc replaced
-    next_index: int = 0
-    undelivered: list[dict] = field(default_factory=list)  # deaths seen before any controller said hello
-    stopped_ids: set[str] = field(default_factory=set)
-    exited_ids: set[str] = field(default_factory=set)  # procs this agent saw die
-    last_contact: float = field(default_factory=time.monotonic)
-    orphan_timeout_s: float = field(default_factory=lambda: float(os.environ.get("REGENT_ORPHAN_TIMEOUT_S", "300")))
-
-    def requests(self) -> list[_SpawnRequest]:
-        return [*self.spawns.values(), *self.respawns.values()]
-
-
-class HostAgent:
+class HostAgent(_Adoption):
     """One machine's host agent. `succeeds` is the host.json record of a dead agent whose
     address (if still free) and procs this one takes over. `fences`: where each session's
     epoch fence is kept (default $REGENT_HOME/fences), so a successor starts from it."""
@@ -445,123 +354,6 @@ class HostAgent:
         proc = self._start_proc(sid, state, index, _env_at([env], 0), meta.get("path") or [], ["--replaces", old])
         state.respawns[old] = _SpawnRequest(sid, -1, identity, [proc], [(rt, n)], time.monotonic(), 1, index)
 
-    # --- adoption: procs of a dead agent ------------------------------------------------
-
-    def _adopting(self) -> bool:
-        return time.monotonic() < self.adopt_until
-
-    def _unknown_request(self, state: _SessionState, op: str, meta: dict) -> bool:
-        """A spawn this agent has no record of: maybe one whose procs have yet to adopt."""
-        if op == "spawn_procs":
-            seq = meta.get("s")
-            return not isinstance(seq, int) or seq not in state.spawns
-        old = meta.get("old")
-        # One that died under this agent was alive when the old agent died: not replaced by it.
-        return not isinstance(old, str) or old not in state.respawns and old not in state.exited_ids
-
-    def _on_adopt(self, meta: dict) -> None:
-        """A proc whose agent died asks this one to supervise it. The claim is checked against
-        the kernel (its pidfd, its command line) before this agent will ever signal that pid."""
-        sid, proc_id, index, pid, addr = (meta["sid"], meta["id"], meta["idx"], meta["pid"],
-                                          meta["addr"])  # wire.schema.ProcAdopt
-        if not valid_address(addr):
-            raise ProtocolError(f"adoption request without a valid proc address: {addr!r}")
-        n = meta.get("n")
-        state = self.sessions.get(sid)
-        known = state.procs.get(proc_id) if state else None
-        if known is not None:  # a retry, or our own child
-            self._send(addr, wire.encode(Kind.HOST_REP, self._adopted_meta(sid, n, "ok")))
-            return
-        try:
-            pidfd = os.pidfd_open(pid)
-        except (ProcessLookupError, ValueError, OSError) as e:
-            raise ProtocolError(f"adoption request for pid {pid}, which is not running: {e}") from None
-        if procinfo.proc_info(pid) != procinfo.ProcInfo(pid, sid, proc_id, index):
-            os.close(pidfd)
-            raise ProtocolError(f"adoption request for pid {pid}, which is not proc {proc_id} of {sid}")
-        proc = _Proc(proc_id, index, pid, pidfd, addr=addr)
-        if sid in self.stopped or (state is not None and proc_id in state.stopped_ids):
-            log.info("stopping a proc whose session was stopped while it had no host agent",
-                     session=sid, proc=proc_id, pid=pid)
-            self._send(addr, wire.encode(Kind.HOST_REP, self._adopted_meta(sid, n, "stopped")))
-            self._terminate([proc])
-            return
-        if state is None:
-            state = self._session(sid)
-            orphan = meta.get("orphan_s")
-            if isinstance(orphan, int | float) and not isinstance(orphan, bool) and orphan > 0:
-                state.orphan_timeout_s = float(orphan)
-        seen = meta.get("e")  # the highest epoch the proc has seen: the fence is at least that
-        if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0:
-            self._admit_epoch(sid, state, seen)
-        state.procs[proc_id] = proc
-        state.next_index = max(state.next_index, index + 1)
-        self.by_pidfd[pidfd] = (sid, proc)
-        self._claim(state, sid, proc, meta)
-        if self._adopting():
-            self.adopt_until = max(self.adopt_until, time.monotonic() + 1.0)
-        self._send(addr, wire.encode(Kind.HOST_REP, self._adopted_meta(sid, n, "ok")))
-        log.info("proc adopted", session=sid, proc=proc_id, pid=pid)
-
-    def _adopted_meta(self, sid: str, n: object, status: str) -> dict:
-        state = self.sessions.get(sid)
-        meta = {"sid": sid, "n": n, "st": status, "pid": os.getpid(), "at": self.inbox.address}
-        if state is not None:
-            meta["e"] = state.fence.epoch  # the proc raises its own fence to it
-        return meta
-
-    def _claim(self, state: _SessionState, sid: str, proc: _Proc, meta: dict) -> None:
-        """Rebuild the record of the request that started an adopted proc, so the same request
-        sent again (a replaying controller) is answered with the same procs."""
-        old = meta.get("old")
-        if isinstance(old, str):
-            identity = _RequestIdentity("respawn_proc", 1, proc.index, None)
-            req = state.respawns.setdefault(old, _SpawnRequest(sid, -1, identity, [], [], time.monotonic(), 1,
-                                                               proc.index))
-        else:
-            seq, size, pos, digest = meta.get("s"), meta.get("size"), meta.get("pos"), meta.get("d")
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, size, pos)) \
-                    or not 0 <= pos < size <= 1024 or not (digest is None or isinstance(digest, bytes)):
-                return  # started by hand, or by an agent that did not say: nothing to dedupe
-            req = state.spawns.get(seq)
-            if req is None:
-                identity = _RequestIdentity("spawn_procs", size, -1, digest)
-                req = state.spawns[seq] = _SpawnRequest(sid, seq, identity, [], [], time.monotonic(), size,
-                                                        proc.index - pos)
-            elif req.identity != _RequestIdentity("spawn_procs", size, -1, digest):
-                log.warning("an adopted proc names a spawn this agent knows otherwise; not counted as its proc",
-                            session=sid, proc=proc.id, seq=seq)
-                return
-            state.next_index = max(state.next_index, req.first + req.size)
-        if req.answered is None and len(req.procs) < req.size:
-            req.procs.append(proc)
-            if req.complete():
-                self._answer_spawn(req, "ok")
-
-    def _after_adoption(self) -> None:
-        """Once the grace period is over: requests held meanwhile run, and procs of a replayed
-        spawn that never adopted (they died with the old agent) are started afresh."""
-        if self._adopting():
-            return
-        deferred, self.deferred = self.deferred, []
-        for meta in deferred:
-            try:
-                self._dispatch(Kind.HOST_REQ, meta)
-            except ProtocolError as e:
-                log.warning("dropped malformed request", op=meta.get("op"), error=str(e))
-        for sid, state in list(self.sessions.items()):
-            for req in state.spawns.values():
-                if req.answered is None and req.refill is not None and len(req.procs) < req.size:
-                    envs, path = req.refill
-                    req.refill = None
-                    have = {p.index - req.first for p in req.procs}
-                    for pos in range(req.size):
-                        if pos not in have:
-                            req.procs.append(self._start_proc(
-                                sid, state, req.first + pos, _env_at(envs, pos), path,
-                                _spawn_origin(req.seq, req.identity, pos)))
-                    req.started = time.monotonic()
-
     def _stop_orphans(self) -> None:
         """A session no controller has contacted for its orphan timeout holds resources for
         nobody: stop its procs. Failovers are far shorter than the timeout."""
@@ -664,11 +456,6 @@ def _bound_env(env: dict[str, str]) -> dict[str, str]:
                          f"{info.name} GPU(s); spawn at most {info.device_count} procs per host")
     return binding.child_env(env, int(rank), 1)
 
-
-def _env_at(envs: list, i: int) -> dict[str, str]:
-    """The i-th requested environment, as strings."""
-    env = envs[i] if i < len(envs) and isinstance(envs[i], dict) else {}
-    return {k: str(v) for k, v in env.items() if isinstance(k, str)}
 
 
 def main(argv: list[str] | None = None) -> None:

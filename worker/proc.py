@@ -8,7 +8,8 @@ epoch fence and the dedupe cache before it can run. The replies to one incoming 
 
 A proc outlives its host agent. It watches the agent through a pidfd on the loop
 (no polling on the call path); when the agent dies, it starts a new one (or finds the
-one a sibling started) and asks to be adopted, so it is supervised again.
+one a sibling started) and asks to be adopted, so it is supervised again
+(worker/_host_watch.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import itertools
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import psutil
 import structlog
-import tenacity
 import zmq
 
 from regent import wire
@@ -47,17 +45,16 @@ from regent.wire.transport import (
     spin_until_readable,
     valid_address,
 )
+from regent.worker._host_watch import _environment_of, _HostWatch
 from regent.worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
 from regent.worker.classref import load_class
 from regent.worker.dedupe import CallIdentity, DedupeCache
-from regent.worker.discovery import ensure_local_host
 from regent.worker.errors import ActorExit, DivergenceError
 from regent.worker.fencing import EpochFence
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
 
-ADOPT_ACK_TIMEOUT_S = 3.0
 READ_SLICE_S = 0.005  # the longest the reader spins for more calls before the loop runs again
 
 
@@ -82,7 +79,7 @@ class _Slot:
         return found
 
 
-class ProcRuntime:
+class ProcRuntime(_HostWatch):
     """host_pid: the agent that started this proc, watched so that its death is noticed
     (None: nothing watches). origin: what a successor agent needs to adopt this proc: the
     request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
@@ -148,109 +145,6 @@ class ProcRuntime:
     def _begin_stop(self) -> None:
         self.stopping = True
         self.loop.stop()
-
-    # --- the host agent ----------------------------------------------------------
-
-    def _watch_host(self, pid: int, parent: bool = False) -> None:
-        """Call _on_host_gone when agent `pid` exits: its pidfd turns readable."""
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:  # already gone
-            self.loop.call_soon(self._on_host_gone)
-            return
-        if parent and os.getppid() != pid:  # it died before we watched (we were reparented)
-            os.close(fd)
-            self.loop.call_soon(self._on_host_gone)
-            return
-        self._host_fd = fd
-        self.loop.add_reader(fd, self._on_host_gone)
-
-    def _on_host_gone(self) -> None:
-        if self._host_fd is not None:
-            self.loop.remove_reader(self._host_fd)
-            os.close(self._host_fd)
-            self._host_fd = None
-        if self.stopping or self._adoption is not None:
-            return
-        log.warning("host agent is gone; starting or finding another to supervise this proc",
-                    proc=self.proc_id, agent=self.host_inbox)
-        self._adoption = self.loop.create_task(self._adopt())
-
-    async def _adopt(self) -> None:
-        """Until some agent acknowledges this proc: find (or start) this machine's agent, ask it."""
-        retrying = tenacity.AsyncRetrying(
-            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
-            retry=tenacity.retry_if_exception_type(Exception),
-            before_sleep=lambda rs: log.warning(
-                "adoption by a new host agent failed; retrying", proc=self.proc_id,
-                attempt=rs.attempt_number, error=str(rs.outcome.exception()) if rs.outcome else ""),
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    address = await self._in_thread(partial(ensure_local_host, env=self.host_env))
-                    pid = await self._ask_adoption(address)
-        finally:
-            self._adoption = None
-        if address != self.host_inbox:
-            log.warning("the new host agent runs at another address; controllers that knew the old "
-                        "one cannot reach it", proc=self.proc_id, old=self.host_inbox, new=address)
-            self.host_inbox = address
-        if not self.stopping:
-            log.info("adopted by a new host agent", proc=self.proc_id, agent=address, agent_pid=pid)
-            self._watch_host(pid)
-
-    async def _ask_adoption(self, address: str) -> int:
-        """Send PROC_ADOPT to the agent at `address`; its pid once it has acknowledged."""
-        n = next(self._ack_ids)
-        ack = self._acks[n] = self.loop.create_future()
-        meta = {"sid": self.session, "id": self.proc_id, "idx": self.index, "pid": os.getpid(),
-                "addr": self.inbox.address, "n": n, "e": self.fence.epoch, **self.origin}
-        try:
-            self._send(address, wire.encode(Kind.PROC_ADOPT, meta))
-            try:
-                reply = await asyncio.wait_for(ack, ADOPT_ACK_TIMEOUT_S)
-            except TimeoutError:
-                raise TimeoutError(f"host agent at {address} did not acknowledge the adoption within "
-                                   f"{ADOPT_ACK_TIMEOUT_S:g} s (see its log in $REGENT_HOME/host.log)") from None
-        finally:
-            self._acks.pop(n, None)
-        seen = reply.get("e")  # the new agent's fence for this session: never below our own
-        if isinstance(seen, int) and not isinstance(seen, bool) and seen > self.fence.epoch:
-            self.fence.admit(seen)
-        if reply.get("st") == "stopped":
-            log.info("the session was stopped while this proc had no host agent; stopping",
-                     proc=self.proc_id)
-        return wire.require(reply, "pid", int)
-
-    def _on_host_reply(self, meta: dict) -> None:
-        n = meta.get("n")
-        ack = self._acks.get(n) if isinstance(n, int) else None
-        if ack is None or ack.done():  # e.g. an answer to an attempt that already timed out
-            log.debug("ignored a host agent reply that answers nothing pending", proc=self.proc_id, n=str(n)[:40])
-            return
-        ack.set_result(meta)
-
-    def _in_thread(self, fn: Callable[[], Any]) -> asyncio.Future:
-        """Run blocking fn off the loop (on a daemon thread, which a stopping proc does not wait for)."""
-        fut = self.loop.create_future()
-
-        def settle(ok: bool, value: Any) -> None:
-            if not fut.done():
-                (fut.set_result if ok else fut.set_exception)(value)
-
-        def run() -> None:
-            try:
-                result = (True, fn())
-            except Exception as e:
-                result = (False, e)
-            try:
-                self.loop.call_soon_threadsafe(settle, *result)
-            except RuntimeError:  # the loop closed: the proc is stopping
-                pass
-
-        threading.Thread(target=run, name="regent-find-host", daemon=True).start()
-        return fut
 
     def _cleanup_all(self) -> None:
         for slot in list(self.actors.values()):
@@ -483,8 +377,7 @@ class ProcRuntime:
         self._finish(seq, actor, point, "ok", frames=frames)
 
     def _finish_error(self, seq: int, actor: str, point: int, e: BaseException) -> None:
-        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        self._finish(seq, actor, point, "err", et=type(e).__qualname__, em=str(e)[:4000], tb=tb[-16000:])
+        self._finish(seq, actor, point, "err", **_error_fields(e))
 
     def _result_meta(self, seq: int, actor: str, point: int, status: str, **extra: Any) -> dict:
         meta = {"sid": self.session, "s": seq, "a": actor, "pt": point, "st": status}
@@ -512,22 +405,13 @@ class ProcRuntime:
         if admitted is None:
             return
         actor, seq, point, _ = admitted
-        coords = meta.get("co") or {}
-        ctx = ActorContext(mesh=actor, rank=point, point=dict(coords), proc_index=self.index,
-                           incarnation=int(meta.get("inc", 0)))
-        token = _current.set(ctx)
-        try:
-            ref, args, kwargs = wire.loads(payload)
-            cls = load_class(ref)
-            instance = cls(*args, **kwargs)
-        except Exception as e:
-            self._finish_error(seq, actor, point, e)
+        slot = self._construct(actor, point, meta, int(meta.get("inc", 0)), payload,
+                               partial(self._finish_error, seq, actor, point))
+        if slot is None:
             return
-        finally:
-            _current.reset(token)
         if actor in self.actors:
             self._cleanup(self.actors.pop(actor))
-        self.actors[actor] = _Slot(actor, instance, endpoint_names(cls), ctx)
+        self.actors[actor] = slot
         self._finish(seq, actor, point, "ok", pid=os.getpid())
 
     def _on_restart(self, meta: dict, payload: list, rt: str | None) -> None:
@@ -538,30 +422,40 @@ class ProcRuntime:
         old = self.actors.get(actor)
         if old is not None and old.ctx.incarnation >= inc:
             if rt:
-                self._reply(rt, Kind.RESULT, {"sid": self.session, "s": -1, "a": actor, "pt": point, "st": "ok",
-                                              "n": n, "pid": os.getpid(), "inc": old.ctx.incarnation})
+                self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(),
+                                                               inc=old.ctx.incarnation))
             return
         if old is not None:
             self._retire(old, f"actor {actor} was restarted (incarnation {inc}) before running this call")
+
+        def failed(e: Exception) -> None:
+            if rt:
+                self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "err", n=n, **_error_fields(e)))
+
+        slot = self._construct(actor, point, meta, inc, payload, failed)
+        if slot is None:
+            return
+        self.actors[actor] = slot
+        if rt:
+            self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(), inc=inc))
+
+    def _construct(self, actor: str, point: int, meta: dict, incarnation: int, payload: list,
+                   failed: Callable[[Exception], None]) -> _Slot | None:
+        """Build actor `actor` from its spawn arguments, its context current while __init__ runs.
+        What loading or constructing the class raised goes to `failed`, and None comes back."""
         ctx = ActorContext(mesh=actor, rank=point, point=dict(meta.get("co") or {}), proc_index=self.index,
-                           incarnation=inc)
+                           incarnation=incarnation)
         token = _current.set(ctx)
         try:
             ref, args, kwargs = wire.loads(payload)
             cls = load_class(ref)
             instance = cls(*args, **kwargs)
         except Exception as e:
-            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            if rt:
-                self._reply(rt, Kind.RESULT, {"sid": self.session, "s": -1, "a": actor, "pt": point, "st": "err",
-                                              "n": n, "et": type(e).__qualname__, "em": str(e)[:4000], "tb": tb[-16000:]})
-            return
+            failed(e)
+            return None
         finally:
             _current.reset(token)
-        self.actors[actor] = _Slot(actor, instance, endpoint_names(cls), ctx)
-        if rt:
-            self._reply(rt, Kind.RESULT, {"sid": self.session, "s": -1, "a": actor, "pt": point, "st": "ok",
-                                          "n": n, "pid": os.getpid(), "inc": inc})
+        return _Slot(actor, instance, endpoint_names(cls), ctx)
 
     def _on_stop(self, meta: dict, rt: str | None) -> None:
         admitted = self._admit(Kind.STOP, meta, rt)
@@ -633,17 +527,10 @@ class ProcRuntime:
         self.loop.call_later(0.002, self._flush, rt)
 
 
-def _environment_of(pid: int) -> dict[str, str]:
-    """The environment process `pid` started with; this process's own minus the proc's
-    rank and device binding if the kernel will not say."""
-    try:
-        return psutil.Process(pid).environ()
-    except psutil.Error as e:
-        log.warning("cannot read the host agent's environment; a successor gets this proc's",
-                    pid=pid, error=str(e))
-        from regent.hipcore.binding import BINDING_VARS
-
-        return {k: v for k, v in os.environ.items() if not k.startswith("REGENT_PROC_") and k not in BINDING_VARS}
+def _error_fields(e: BaseException) -> dict[str, str]:
+    """What a result says of an exception: its type, message and traceback (each bounded)."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return {"et": type(e).__qualname__, "em": str(e)[:4000], "tb": tb[-16000:]}
 
 
 def main(argv: list[str] | None = None) -> None:
