@@ -32,6 +32,10 @@ class Counter(Actor):
     def peek(self) -> int:
         return self.n
 
+    @endpoint
+    def die(self) -> None:
+        os._exit(3)
+
 
 def _gate_appends(s: Session) -> threading.Event:
     """Hold every journal append until the returned event is set."""
@@ -239,25 +243,11 @@ def test_a_value_read_before_a_deadline_makes_even_a_call_to_its_proc_wait(tmp_p
         assert _assert_waits_for_the_gate(s, p0.incr.call_one, gate) == [2]
 
 
-class Restartable(Actor):
-    def __init__(self) -> None:
-        self.n = 0
-
-    @endpoint
-    def incr(self) -> int:
-        self.n += 1
-        return self.n
-
-    @endpoint
-    def die(self) -> None:
-        os._exit(3)
-
-
 def test_a_replaced_proc_is_not_taken_for_the_holder_of_its_predecessors_results(tmp_path):
     """The holder of an unjournaled read is a proc process: after it dies and supervision
     replaces it (the same ProcRef.key), the replacement holds nothing, so a call to it waits."""
     with Session(f"read-replaced-{os.getpid()}", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
-        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("r", Restartable, restart="permanent")
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("r", Counter, restart="permanent")
         gate = _gate_appends(s)
         assert mesh.incr.call_one().get() == 1
         old = mesh._procs[0].id
