@@ -106,7 +106,6 @@ def sys_path() -> list[str]:
 class LiveEdge:
     """A real session's IO: it campaigns, reads the journal, writes it, and talks to workers."""
 
-    role_name = ""  # "primary" or "standby-took-over", from `waited`
     audit = False
 
     def __init__(self, name: str, journal: str | None, *, lease_ttl_s: float | None = None,
