@@ -246,13 +246,7 @@ class Journal:
     def verify(self, session: str) -> VerifyReport:
         """Check checksums, lsn contiguity and epoch order of a whole session."""
         _check_session(session)
-        with self._backend.read_log(session, 0) as snapshot:
-            return verify_batches(
-                session,
-                snapshot,
-                compacted=codec.merge_ranges(codec.decode_ranges(snapshot.compacted)),
-                checkpoint=snapshot.checkpoint,
-            )
+        return self._judge_log(session, verify_batches)
 
     def compact(self, session: str, keep_before_lsn: int | None = None) -> int:
         """Delete records covered by the checkpoint, keeping those below `keep_before_lsn`.
@@ -328,8 +322,12 @@ class Journal:
         return plan
 
     def _plan_repair(self, session: str) -> RepairPlan:
+        return self._judge_log(session, plan_repair)
+
+    def _judge_log(self, session: str, judge: Any) -> Any:
+        """`judge(session, batches, compacted=, checkpoint=)` over one snapshot of the log."""
         with self._backend.read_log(session, 0) as snapshot:
-            return plan_repair(
+            return judge(
                 session,
                 snapshot,
                 compacted=codec.merge_ranges(codec.decode_ranges(snapshot.compacted)),
