@@ -2,9 +2,10 @@
 
 The program's thread queues calls on per-peer PUSH sockets (no hand-off on the call
 path) and sends each peer's queue as one batch when the program blocks, a batch
-fills, or (from the IO thread) it has waited BATCH_MAX_AGE_S. One IO thread owns the
-inbox, turns replies into core events and resolves futures. Nothing here decides
-what a call means; core.py does.
+fills, or (from the IO thread) it has waited BATCH_MAX_AGE_S. The inbox is read, and
+replies become core events, only by the thread holding the session's drive
+(controller/drive.py): the program's thread while it waits for a result, the IO thread
+while it does not. Nothing here decides what a call means; the engine does.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from regent import wire
 from regent.controller.core import ControllerCore, Outcome, PendingCall
+from regent.controller.drive import Drive
 from regent.controller.futures import Future
 from regent.controller.recorder import OutcomePort
 from regent.wire import Kind, ProtocolError, schema
@@ -80,28 +82,37 @@ class ProcRef:
 
 
 class Wire:
-    """What the edge keeps of a call to send it again under the same id."""
+    """What the edge keeps of a call to send it, and again under the same id."""
 
-    __slots__ = ("kind", "base", "frames", "metas", "procs", "sent_at", "wait")
+    __slots__ = ("kind", "base", "frames", "metas", "procs", "sent_at", "wait", "_points")
 
     def __init__(self, kind: Kind, base: dict, frames: Any, metas: list[dict] | None, procs: list[ProcRef],
-                 sent_at: float, wait: float):
+                 sent_at: float, wait: float, *, many: bool = False):
         self.kind, self.base, self.frames, self.metas, self.procs = kind, base, frames, metas, procs
         self.sent_at, self.wait = sent_at, wait  # when it was last sent; how long until overdue
+        # A call to several points packs their shared metadata once.
+        self._points = wire.PointMessages(kind, base, frames) if many and not metas else None
+
+    def message(self, rank: int) -> list:
+        """The call's message to one point."""
+        if self._points is not None:
+            return self._points.encode(rank)
+        if self.metas:
+            return wire.encode(self.kind, {**self.base, "pt": rank, **self.metas[rank]}, self.frames)
+        return wire.encode(self.kind, {**self.base, "pt": rank}, self.frames)
 
 
 class Runtime:
     def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None, *,
-                 outcomes: OutcomePort | None = None, lock: threading.Lock | None = None):
+                 outcomes: OutcomePort | None = None, drive: Drive | None = None):
         """`outcomes` journals each accepted outcome before the program sees it and says how far
-        workers may drop results (controller.recorder); `lock` guards `core` (shared with the
-        session's engine)."""
+        workers may drop results (controller.recorder); whoever holds `drive` steps `core`
+        and reads the inbox (the session's engine shares it)."""
         self.session = session
         self.epoch = epoch
         self.core = core
-        self.lock = lock or threading.Lock()  # guards core
+        self.drive = drive or Drive()
         self.outcomes = outcomes
-        self._drive = threading.Lock()  # whoever holds it reads the inbox
         self._want_lock = threading.Lock()
         self._spin_s = spin_budget_s()
         self._wanted = 0  # program threads reading the inbox themselves
@@ -130,6 +141,7 @@ class Runtime:
         self._stop = threading.Event()
         self._on_proc_death: list[Callable[[ProcRef], None]] = []
         self._sent_watermark = (-1, -1)
+        self._last_hello = 0.0
         self.checkpoint_seq = -1
         self.fenced: str | None = None
         self.orphan_timeout_s: float | None = None
@@ -156,6 +168,15 @@ class Runtime:
         if not proc.alive:
             raise PeerGone(proc.death or f"proc {proc.id} is dead")
         self.outbox.peer(proc.address).queue(msg, alive=proc.is_alive)
+
+    def send_call(self, call: PendingCall, rank: int) -> None:
+        """Queue a call's message to one point for its proc's next batch; a proc known dead
+        answers at once. Caller holds the drive."""
+        proc = call.wire.procs[rank]
+        try:
+            self.queue_to_proc(proc, call.wire.message(rank))
+        except PeerGone as e:
+            self.deliver_local(call, rank, Outcome("dead", {"em": str(e), "pt": rank}, []))
 
     def flush(self) -> None:
         """Send every queued batch: the program calls this before it blocks."""
@@ -219,33 +240,35 @@ class Runtime:
     # --- the IO thread ---------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        """Drain the inbox whenever no program thread is doing it (see wait_for).
+        """Drive the session while no program thread does (see wait_until).
 
         While a waiter reads the inbox itself, this thread only naps: every thread woken
         per reply costs tens of microseconds of CPU on a VM, more than the work itself.
         It also sends batches the program queued and then left (a broadcast, then a
-        sleep): nothing waits for a later call to go out.
+        sleep): nothing waits for a later call to go out. Its timer (watermarks, resends,
+        hellos) is an event posted to whoever drives.
         """
         fd = self.inbox.sock.getsockopt(zmq.FD)
         next_tick = time.monotonic()
         dirty = self.outbox.dirty
+        drive = self.drive
         while not self._stop.is_set():
             try:
-                if self._wanted:
+                if self._wanted or drive.wanted:
                     time.sleep(0.002)
                 else:
                     select.select([fd], [], [], 0.002)
-                    if self._drive.acquire(blocking=False):
+                    if drive.acquire(0):
                         try:
                             self._drain()
                         finally:
-                            self._drive.release()
+                            drive.release()
                 now = time.monotonic()
                 if dirty:
                     self.outbox.flush(block=False, older_than=now - BATCH_MAX_AGE_S)
                 if now >= next_tick:
                     next_tick = now + WATERMARK_INTERVAL_S
-                    self._tick(now)
+                    drive.post(self._tick)
             except (zmq.ContextTerminated, ValueError, OSError):
                 if self._stop.is_set():
                     return
@@ -254,53 +277,70 @@ class Runtime:
                 log.exception("controller IO loop error (continuing)")
 
     def _drain(self) -> None:
-        """Handle everything in the inbox. Caller holds the drive lock."""
+        """Handle everything in the inbox, or less if another thread waits for the drive.
+        Caller holds the drive."""
+        drive = self.drive
         for frames in self.inbox.pending():
             self._handle(frames)
+            if drive.wanted:
+                return
 
     def wait_for(self, fut: Future, timeout: float | None) -> bool:
-        """Wait for a future, reading the inbox on this thread: the reply is then handled
-        where it is awaited, with no hand-off from the IO thread."""
+        """Wait for a future (see wait_until)."""
         if self.outbox.dirty:
             self.outbox.flush()
-        if fut.done():
-            return True
+        return fut.done() or self.wait_until(fut.done, timeout)
+
+    def wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Drive the session on this thread until `done()` (asked by the driver), reading the
+        inbox here: a reply is then handled where it is awaited, with no hand-off from the IO
+        thread. False if `timeout` seconds pass first. The caller must not hold the drive."""
+        self.flush()
         deadline = None if timeout is None else time.monotonic() + timeout
-        sock = self.inbox.sock
+        drive = self.drive
         with self._want_lock:
             self._wanted += 1
         try:
-            while not fut.done():
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+            while True:
+                if not self._stop.is_set() and drive.acquire(0.002):
+                    try:
+                        if self._drive_until(done, deadline):
+                            return True
+                    finally:
+                        self._drain()
+                        drive.release()
+                if deadline is not None and time.monotonic() >= deadline:
                     return False
-                if self._stop.is_set() or not self._drive.acquire(timeout=0.002):
-                    continue
-                try:
-                    self._spin(fut, deadline)
-                    while not fut.done():
-                        remaining = None if deadline is None else deadline - time.monotonic()
-                        if remaining is not None and remaining <= 0:
-                            break
-                        ms = 50 if remaining is None else max(0, min(50, int(remaining * 1000)))
-                        if sock.poll(ms):
-                            self._drain()
-                finally:
-                    self._drain()
-                    self._drive.release()
-            return True
+                if drive.wanted or self._stop.is_set():
+                    time.sleep(0.0005)  # another thread's turn to drive
         finally:
             with self._want_lock:
                 self._wanted -= 1
 
-    def _spin(self, fut: Future, deadline: float | None) -> None:
+    def _drive_until(self, done: Callable[[], bool], deadline: float | None) -> bool:
+        """wait_until's turn at the drive: True once done; False at the deadline, or to let a
+        thread that waits for the drive have it."""
+        drive, sock = self.drive, self.inbox.sock
+        drive.run_posted()
+        self._spin(done, deadline)
+        while not done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if (remaining is not None and remaining <= 0) or drive.wanted:
+                return False
+            ms = 50 if remaining is None else max(0, min(50, int(remaining * 1000)))
+            if sock.poll(ms):
+                self._drain()
+            drive.run_posted()
+        return True
+
+    def _spin(self, done: Callable[[], bool], deadline: float | None) -> None:
         """Busy-poll the inbox for the result, up to the spin budget (transport.spin_budget_s)
-        and the caller's deadline, before wait_for sleeps in poll. Caller holds the drive lock."""
+        and the caller's deadline, before wait_until sleeps in poll. Caller holds the drive."""
         budget = self._spin_s
         if deadline is not None:
             budget = min(budget, deadline - time.monotonic())
         until = time.perf_counter() + budget
-        while not fut.done() and budget > 0 and spin_until_readable(self.inbox.sock, budget):
+        while not done() and budget > 0 and spin_until_readable(self.inbox.sock, budget):
             self._drain()
             budget = until - time.perf_counter()
 
@@ -378,8 +418,7 @@ class Runtime:
         if status == "fenced":
             self.fenced = meta.get("em") or "a worker saw a newer controller epoch"
         outcome = Outcome(status, meta, payload) if lsn is None else Outcome(status, meta, payload, lsn, True)
-        with self.lock:
-            call = self.core.on_result(seq, point, outcome)
+        call = self.core.on_result(seq, point, outcome)
         if call is not None:
             self._deliver(call, point, call.results[point])
 
@@ -394,40 +433,36 @@ class Runtime:
                 if self.outcomes is not None:
                     self.outcomes.record(call, point, outcome)
             finally:
-                with self.lock:
-                    self.core.recorded(call.seq)
+                self.core.recorded(call.seq)
         call.sink.deliver(call, point)
 
     def mark_dead(self, proc: ProcRef, reason: str) -> None:
+        """A proc is gone: its outstanding points fail. Caller holds the drive."""
         if not proc.alive:
             return
         proc.alive = False
         proc.death = reason
-        with self.lock:
-            hit = self.core.on_proc_died(proc.key, reason)
-        for call, point in hit:
+        for call, point in self.core.on_proc_died(proc.key, reason):
             self._deliver(call, point, call.results[point])
         for cb in self._on_proc_death:
             cb(proc)
 
     def deliver_local(self, call: PendingCall, point: int, outcome: Outcome) -> None:
-        """An outcome decided on this side (send failed, answered from the journal)."""
-        with self.lock:
-            done = self.core.on_result(call.seq, point, outcome)
-        if done is not None:
+        """An outcome decided on this side (send failed, answered from the journal). Caller
+        holds the drive."""
+        if self.core.on_result(call.seq, point, outcome) is not None:
             self._deliver(call, point, call.results[point])
 
     def fail_all(self, reason: str) -> None:
-        """Leadership is gone: every outstanding call fails, nothing more is sent."""
+        """Leadership is gone (any thread): nothing more is sent, and the driver fails every
+        outstanding call."""
         self.fenced = reason
-        with self.lock:
-            pending = [(c, p) for c in self.core.calls.values() for p in c.targets if p not in c.results]
+        self.drive.post(lambda: self._fail_outstanding(reason))
+
+    def _fail_outstanding(self, reason: str) -> None:
+        pending = [(c, p) for c in self.core.calls.values() for p in c.targets if p not in c.results]
         for call, point in pending:
-            with self.lock:
-                outcome = Outcome("fenced", {"em": reason}, [])
-                done = self.core.on_result(call.seq, point, outcome)
-            if done is not None:
-                self._deliver(call, point, outcome)
+            self.deliver_local(call, point, Outcome("fenced", {"em": reason}, []))
 
     def fence_procs(self, procs: list[ProcRef], timeout: float = 1.0) -> None:
         """Raise every proc's epoch to ours; wait (briefly) for each live one to confirm.
@@ -495,9 +530,9 @@ class Runtime:
         overdue: set[int] = set()
         if now >= self._next_overdue_scan:
             self._next_overdue_scan = now + 1.0
-            with self.lock:
-                calls = [c for c in self.core.calls.values() if c.wire is not None]
-            for call in calls:
+            for call in self.core.calls.values():
+                if call.wire is None:
+                    continue
                 w = call.wire
                 if now - w.sent_at >= w.wait:
                     # Whatever was lost without a visible disconnect is recovered here.
@@ -505,30 +540,27 @@ class Runtime:
                     w.sent_at, w.wait = now, min(w.wait * 2, RESEND_MAX_S)
         if not peers and not everything and not overdue:
             return
-        with self.lock:
-            pending = [(c, r) for c in self.core.calls.values() if c.wire is not None
-                       for r in c.targets if r not in c.results]
+        pending = [(c, r) for c in self.core.calls.values() if c.wire is not None
+                   for r in c.targets if r not in c.results]
         for call, rank in pending:
-            w = call.wire
-            kind, base, frames, metas, procs = w.kind, w.base, w.frames, w.metas, w.procs
-            proc = procs[rank]
+            proc = call.wire.procs[rank]
             if not proc.alive:
                 continue
             if not (everything or call.seq in overdue or self.outbox.route_of(proc.address) in peers):
                 continue
-            meta = {**base, "pt": rank, **(metas[rank] if metas else {})}
             try:
-                self.outbox.peer(proc.address).try_send(wire.encode(kind, meta, frames))
+                self.outbox.peer(proc.address).try_send(call.wire.message(rank))
             except PeerGone:
                 pass
 
-    def _tick(self, now: float) -> None:
+    def _tick(self) -> None:
+        """The timer's event (run by the driver): resends, the release watermark, hellos."""
+        now = time.monotonic()
         self._check_links()
         if self.outcomes is not None:
             through = self.outcomes.release_through()
         else:
-            with self.lock:
-                through = self.core.releasable_through
+            through = self.core.releasable_through
         mark = (through, self.checkpoint_seq)
         # A deposed controller releases nothing: what it journaled is the new leader's to judge.
         if mark != self._sent_watermark and self.fenced is None:
@@ -537,18 +569,17 @@ class Runtime:
             for proc in list(self.procs.values()):
                 if proc.alive:
                     self.outbox.peer(proc.address).try_send(msg)
-        for host in list(self.hosts):
-            if now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
-                self.outbox.peer(host).try_send(wire.encode(Kind.HOST_REQ, {
-                    "sid": self.session, "e": self.epoch, "op": "hello", "n": 0, "rt": self.reply_address,
-                    "orphan_s": self.orphan_timeout_s}))
-        if self.hosts and now - getattr(self, "_last_hello", 0.0) >= HOST_HELLO_INTERVAL_S:
+        if self.hosts and now - self._last_hello >= HOST_HELLO_INTERVAL_S:
             self._last_hello = now
+            hello = wire.encode(Kind.HOST_REQ, {"sid": self.session, "e": self.epoch, "op": "hello", "n": 0,
+                                                "rt": self.reply_address, "orphan_s": self.orphan_timeout_s})
+            for host in list(self.hosts):
+                self.outbox.peer(host).try_send(hello)
 
     def close(self) -> None:
         self._stop.set()
         self._io.join(timeout=2.0)
-        with self._drive:  # a waiter on another thread lets go of the socket first
+        with self.drive:  # a waiter on another thread lets go of the socket first
             pass
         self.outbox.close()
         self.inbox.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import pickle
 import runpy
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 
 from regent.controller import edge as edges
 from regent.controller.core import Outcome
+from regent.controller.drive import Drive
 from regent.controller.engine import Engine
 from regent.controller.mesh import StreamSink
 from regent.controller.replay import (
@@ -111,19 +111,28 @@ class _NoRuntime:
     reply_address = ""
     fenced = None
 
-    def __init__(self, core: Any, lock: threading.Lock):
+    def __init__(self, core: Any, drive: Drive):
         self.core = core
-        self.lock = lock
+        self.drive = drive
         self.procs: dict = {}
         self.hosts: dict = {}
         self.checkpoint_seq = -1
         self.max_message = max_message_bytes()  # this process's setting, as the run's was
 
     def deliver_local(self, call: Any, point: int, outcome: Outcome) -> None:
-        with self.lock:
-            done = self.core.on_result(call.seq, point, outcome)
-        if done is not None:
+        if self.core.on_result(call.seq, point, outcome) is not None:
             call.sink.deliver(call, point)
+
+    def wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Everything an audit can answer was answered from the journal when it was issued."""
+        with self.drive:
+            if done():
+                return True
+            missing = [(c.seq, c.actor, c.method, sorted(set(c.targets) - set(c.results)))
+                       for c in self.core.calls.values()]
+        what = ", ".join(f"seq {s} {a}.{m} (points {p})" for s, a, m, p in missing[:3]) or "a call"
+        raise AuditGap(f"the program waits for {what}, whose results the journal does not hold (kept by the "
+                       "worker, or never journaled): an audit cannot answer it")
 
     def wait_for(self, fut: Any, timeout: float | None) -> bool:
         if fut.done():
@@ -215,11 +224,11 @@ class AuditEdge:
         self.run_id = ctx.index.run
         self.sid = f"{name}.{self.run_id}"
 
-    def connect(self, core: Any, lock: threading.Lock, outcomes: Any, on_failure: Callable,
+    def connect(self, core: Any, drive: Drive, outcomes: Any, on_failure: Callable,
                 on_lost: Callable[[str], None]) -> None:
         self.writer = _NoWrites()
         outcomes.use(self.writer)
-        self.runtime = _NoRuntime(core, lock)
+        self.runtime = _NoRuntime(core, drive)
         self.supervisor = _NoSupervisor()
 
     def live(self, engine: Engine | None = None) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import structlog
 
 from regent.controller._runtime import ProcRef, Runtime
+from regent.controller.drive import Drive
 from regent.controller.ephemeral import NoJournal, NoWriter
 from regent.controller.replay import START, SUPERVISION, ReplayIndex
 from regent.controller.supervisor import Supervisor
@@ -151,7 +152,7 @@ class LiveEdge:
     def role(self) -> str:
         return "standby-took-over" if self.waited else "primary"
 
-    def connect(self, core: Any, lock: threading.Lock, outcomes: Any, on_failure: Callable,
+    def connect(self, core: Any, drive: Drive, outcomes: Any, on_failure: Callable,
                 on_lost: Callable[[str], None]) -> None:
         """Start the writer, the runtime and the supervisor; a takeover fences the workers."""
         self.writer: JournalWriter = GroupCommitWriter(
@@ -159,7 +160,7 @@ class LiveEdge:
         if self.replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         outcomes.use(self.writer)
-        self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, lock=lock)
+        self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive)
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
         self.supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                      sys_path())

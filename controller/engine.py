@@ -6,9 +6,9 @@ may go out (invariant 4), what record each outcome gets, which observations are 
 how a replay answers them (choose picks, stream order, deadlines, values), and how far workers
 may drop cached results (invariant 11). Its inputs are events and facts the driver hands in
 (durable lsns, writer tickets, loads, arrival order); its outputs are decisions and small
-effect values the driver carries out. No sockets, stores, threads, sleeps or clocks here: the
-driver passes timestamps in. The driver serialises access (Session holds its runtime's lock
-where the IO thread and the program's thread meet).
+effect values the driver carries out (append, collect, await reads, send, deliver). No
+sockets, stores, threads, sleeps or clocks here: the driver passes timestamps in. One thread
+steps it at a time, the one holding the session's drive (controller/drive.py).
 """
 
 from __future__ import annotations
@@ -71,6 +71,21 @@ class AwaitReads:
 
     lsn: int
     ticket: int
+
+
+@dataclass(slots=True, frozen=True)
+class Send:
+    """Send the call to one point (the IO edge encodes and queues its message)."""
+
+    rank: int
+
+
+@dataclass(slots=True, frozen=True)
+class Deliver:
+    """Give one point an outcome decided on this side: the journal's, or a refusal."""
+
+    rank: int
+    outcome: Outcome
 
 
 class Reads:
@@ -151,8 +166,7 @@ class Releases:
         marks = self.marks
         while marks and marks[0][1] <= durable:
             marks.popleft()
-        # A copy (made in C, under the GIL): the thread reading replies appends marks meanwhile.
-        pending = min((s for s, _ in list(marks)), default=None)
+        pending = min((s for s, _ in marks), default=None)
         safe = releasable if pending is None else min(releasable, pending - 1)
         self.safe = max(self.safe, safe)
         return self.safe
@@ -233,6 +247,21 @@ class Engine:
         self.stats["live"] += 1
         return Collect((seq, kind, actor, method, digest, ranks, ts))
 
+    def dispatch(self, jc: JournaledCall | None, ranks: Iterable[int],
+                 unavailable: Mapping[int, str]) -> list[Send | Deliver]:
+        """What becomes of each point of a call just expected: answered from the journal,
+        failed at once (`unavailable`: the reason its actor cannot take calls), or sent."""
+        effects: list[Send | Deliver] = []
+        for r in ranks:
+            outcome = self.replayed(jc, r)
+            if outcome is not None:
+                effects.append(Deliver(r, outcome))
+            elif r in unavailable:
+                effects.append(Deliver(r, Outcome("dead", {"em": unavailable[r], "pt": r}, [])))
+            else:
+                effects.append(Send(r))
+        return effects
+
     def replayed(self, jc: JournaledCall | None, rank: int) -> Outcome | None:
         """The journal's outcome for a point, if it holds one the program can be given."""
         res = jc.results.get(rank) if jc is not None else None
@@ -301,7 +330,7 @@ class Engine:
             return True
         return False
 
-    # --- outcomes (the IO thread) -------------------------------------------------------
+    # --- outcomes, as replies arrive ------------------------------------------------------
 
     def outcome_record(self, call: PendingCall, point: int, outcome: Outcome, size: int,
                        ts: float) -> Collect | Append | None:
@@ -376,5 +405,5 @@ class Engine:
         raise SupervisionError(f"{who}.{call.method}: unexpected status {st!r}", actor=who, reason=st)
 
 
-__all__ = ["COLLECTED", "IN_TIME", "NEVER_DURABLE", "Append", "AwaitReads", "Collect", "Engine", "Reads",
-           "Releases"]
+__all__ = ["COLLECTED", "IN_TIME", "NEVER_DURABLE", "Append", "AwaitReads", "Collect", "Deliver", "Engine",
+           "Reads", "Releases", "Send"]

@@ -82,7 +82,8 @@ class Lifecycle:
                 ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], p["host"], env=p.get("env") or {})
                 # Known from the journal but not reported alive by its host: it died meanwhile.
                 if jc is not None and runtime.hosts:
-                    runtime.mark_dead(ref, f"proc {ref.id} (pid {ref.pid}) is gone")
+                    with runtime.drive:
+                        runtime.mark_dead(ref, f"proc {ref.id} (pid {ref.pid}) is gone")
                 runtime.procs[ref.id] = ref
             procs.append(ref)
         s._finished(seq)
@@ -154,8 +155,9 @@ class Lifecycle:
             by_host.setdefault(proc.host, []).append(proc.id)
         for host, ids in by_host.items():
             runtime.host_request(host, "stop_procs", ids=ids, timeout=30.0)
-        for proc in procs:
-            runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
+        with runtime.drive:
+            for proc in procs:
+                runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
         s._finished(seq)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from regent.controller.futures import Future, Point, ValueMesh, point_of
+from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
 from regent.worker.system import ProcGroup
 
@@ -280,7 +281,7 @@ class StreamResults:
         place) when the stream is not complete `timeout` seconds after iteration starts."""
         if self._it is not None:
             raise RuntimeError("this stream is already being iterated")
-        self._it = self._session._stream_results(self._sink, timeout)
+        self._it = stream_results(self._session, self._sink, timeout)
         return self._it
 
     def __iter__(self) -> Iterator[tuple[Point, Any]]:

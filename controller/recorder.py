@@ -1,13 +1,13 @@
-"""The IO thread's side of the journal: each reply's outcome recorded before the program sees it.
+"""The reply side of the journal: each outcome recorded before the program sees it.
 
-The runtime hands every outcome it accepts to a `Recorder` (its `OutcomePort`); the engine
-says which record it gets, and the recorder submits it and tells the engine where it went, so
-the release watermark never runs ahead of the journal (invariant 11).
+The runtime hands every outcome it accepts to a `Recorder` (its `OutcomePort`), on whichever
+thread drives the session (controller/drive.py); the engine says which record it gets, and the
+recorder submits it and tells the engine where it went, so the release watermark never runs
+ahead of the journal (invariant 11).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,7 +23,7 @@ log = structlog.get_logger("regent.session")
 
 
 class OutcomePort(Protocol):
-    """What the runtime calls on the IO thread (controller._runtime.Runtime's `outcomes`)."""
+    """What the runtime calls as it drives (controller._runtime.Runtime's `outcomes`)."""
 
     def record(self, call: PendingCall, point: int, outcome: Outcome) -> None: ...
     def record_batch(self, frames: list, replies: list[tuple[wire.Kind, dict, list]]) -> list[int | None] | None: ...
@@ -33,9 +33,8 @@ class OutcomePort(Protocol):
 class Recorder:
     """Journals outcomes as the engine decides (an OutcomePort)."""
 
-    def __init__(self, engine: Engine, lock: threading.Lock, on_exit: Callable[[PendingCall, int, Outcome], None]):
+    def __init__(self, engine: Engine, on_exit: Callable[[PendingCall, int, Outcome], None]):
         self.engine = engine
-        self.lock = lock  # the runtime's: guards the engine's core
         self._on_exit = on_exit
         self._warned_big = False
         self.writer: Any = None
@@ -79,9 +78,7 @@ class Recorder:
         Returns, per reply, the record's lsn if the record covers it, else None."""
         if len(replies) < 2 or not self.engine.journaled:
             return None
-        size = wire.payload_size(frames)
-        with self.lock:
-            plan = self.engine.batch_record(replies, size)
+        plan = self.engine.batch_record(replies, wire.payload_size(frames))
         if plan is None:
             return None
         low, marked = plan
@@ -97,8 +94,7 @@ class Recorder:
         return lsns
 
     def release_through(self) -> int:
-        with self.lock:
-            releasable = self.engine.core.releasable_through
+        releasable = self.engine.core.releasable_through
         return self.engine.releases.through(releasable, self.writer.durable_lsn, self.writer.seal)
 
     def _warn_big(self, call: PendingCall, point: int, size: int) -> None:

@@ -12,28 +12,27 @@ is the same Session on an edge that only reads the journal.
 from __future__ import annotations
 
 import pickle
-import queue
 import random as _random
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
 from regent import wire
 from regent.controller._runtime import RESEND_FIRST_S, ProcRef, Wire
+from regent.controller.checkpoints import Checkpoints
 from regent.controller.core import ControllerCore, Outcome, PendingCall
+from regent.controller.drive import Drive
 from regent.controller.edge import Handoff, RunFinished, journal_value_limit, open_edge
-from regent.controller.engine import COLLECTED, Append, Engine
-from regent.controller.futures import Future, Point, point_of
+from regent.controller.engine import COLLECTED, Append, AwaitReads, Engine, Send
+from regent.controller.futures import Future
 from regent.controller.lifecycle import Lifecycle
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink
 from regent.controller.recorder import Recorder, append
-from regent.controller.replay import CALL, END, JournaledCall, NonDeterminismError
+from regent.controller.replay import END, JournaledCall, NonDeterminismError
 from regent.journal import LeadershipLost
 from regent.wire import Kind
-from regent.wire.transport import PeerGone
 from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.logsetup import configure_logging
 
@@ -62,21 +61,20 @@ class Session:
         self._closed = False
         self._lost: str | None = None
         self._journal_failed: BaseException | None = None
-        self._resumed = False
-        self._resume_lsn: int | None = None
         self._log = structlog.get_logger("regent.program").bind(session=name)
         edge = self._edge = open_edge(name, journal, lease_ttl_s=lease_ttl_s, campaign_timeout=campaign_timeout,
                                       links=links, orphan_timeout_s=orphan_timeout_s)
         self.journal_url, self.holder, self.epoch = edge.journal_url, edge.holder, edge.epoch
         self.run_id, self.sid, self.takeover_at = edge.run_id, edge.sid, edge.takeover_at
         self._engine = Engine(edge.sid, edge.replay, journaled=edge.journaled, value_limit=journal_value_limit())
-        lock = threading.Lock()  # the engine's, shared with the runtime's IO thread
-        self._recorder = Recorder(self._engine, lock, on_exit=self._actor_exited)
-        edge.connect(self._engine.core, lock, self._recorder, on_failure=self._on_journal_failed,
+        self._drive = Drive()  # who steps the engine: this thread, or the runtime's IO thread
+        self._recorder = Recorder(self._engine, on_exit=self._actor_exited)
+        edge.connect(self._engine.core, self._drive, self._recorder, on_failure=self._on_journal_failed,
                      on_lost=self._on_leadership_lost)
         self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
         self.runtime, self._supervisor = edge.runtime, edge.supervisor
         self._lifecycle = Lifecycle(self)
+        self._checkpoints = Checkpoints(self)
         self._get_hook, self._flush_hook, self._decode_hook = self._get, self.runtime.flush, self._engine.decode
 
     # --- what the program and tools read -----------------------------------------------
@@ -147,19 +145,14 @@ class Session:
     def _settle(self, timeout: float) -> None:
         """Let calls still in flight (broadcasts the program never waited for) finish
         before the run ends, so ending it does not cut them off."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.runtime.flush()
-            with self.runtime.lock:
-                if not self.core.calls:
-                    return
-            time.sleep(0.005)
-        log.warning("ending the run with calls still outstanding", session=self.name,
-                    outstanding=len(self.core.calls))
+        calls = self.core.calls
+        if not self.runtime.wait_until(lambda: not calls, timeout):
+            log.warning("ending the run with calls still outstanding", session=self.name, outstanding=len(calls))
 
     # --- leadership and failures -------------------------------------------------------
 
     def _on_leadership_lost(self, reason: str) -> None:
+        """Any thread (the lease keeper's, or an append's)."""
         self._lost = f"leadership of session {self.name!r} lost: {reason}"
         log.error("leadership lost; this controller stops driving workers", session=self.name, reason=reason)
         self.runtime.fail_all(self._lost)
@@ -174,16 +167,23 @@ class Session:
                                 abnormal=not outcome.meta.get("normal"))
 
     def _check_live(self) -> None:
+        failed = self._failed()
+        if failed is not None:
+            raise failed
+
+    def _failed(self) -> BaseException | None:
+        """Why this session can go no further, if it cannot."""
         if self._closed:
-            raise RuntimeError(f"session {self.name!r} is closed")
+            return RuntimeError(f"session {self.name!r} is closed")
         if self._lost:
-            raise LeadershipLost(self._lost)
+            return LeadershipLost(self._lost)
         if self._journal_failed is not None:
-            raise self._journal_failed
+            return self._journal_failed
         if self._engine.lost is not None:
-            raise self._engine.lost
+            return self._engine.lost
         if self.runtime.fenced:
-            raise LeadershipLost(f"leadership of session {self.name!r} lost: {self.runtime.fenced}")
+            return LeadershipLost(f"leadership of session {self.name!r} lost: {self.runtime.fenced}")
+        return None
 
     # --- driving the engine --------------------------------------------------------------
 
@@ -193,22 +193,26 @@ class Session:
         agent or the journal), once what it rests on is durable; its journal record, if any."""
         self._check_live()
         engine, writer = self._engine, self.writer
-        wait = engine.reads.wait_before(targets, writer.durable_lsn, durable_first)
+        with self._drive:
+            wait = engine.reads.wait_before(targets, writer.durable_lsn, durable_first)
         if wait is not None:
-            lsn = wait.lsn
-            if lsn == COLLECTED:
-                lsn = writer.bound(wait.ticket)
-                if lsn is None:
-                    lsn = writer.seal()
-            writer.wait_durable(lsn)
-            engine.reads.durable(lsn)
-        seq, went_live = engine.issue()
+            self._await_reads(wait)
+        with self._drive:
+            seq, went_live = engine.issue()
+            jc = self._edge.match(engine, seq, kind, actor, method, digest, points)
         if went_live:
-            self._go_live()
-        return seq, self._edge.match(engine, seq, kind, actor, method, digest, points)
+            self._edge.live(engine)
+        return seq, jc
 
-    def _go_live(self) -> None:
-        self._edge.live(self._engine)
+    def _await_reads(self, wait: AwaitReads) -> None:
+        writer, lsn = self.writer, wait.lsn
+        if lsn == COLLECTED:
+            lsn = writer.bound(wait.ticket)
+            if lsn is None:
+                lsn = writer.seal()
+        writer.wait_durable(lsn)
+        with self._drive:
+            self._engine.reads.durable(lsn)
 
     def _append(self, kind: str, data: dict, durable: bool = False) -> int:
         return self._do(Append(kind, data, durable))
@@ -221,17 +225,18 @@ class Session:
             raise
 
     def _finished(self, seq: int) -> None:
-        with self.runtime.lock:
+        with self._drive:
             self.core.finished(seq)
 
     def _observed(self, lsn: int, holders: Any) -> None:
         """The program read an outcome journaled at `lsn`, held until durable by `holders`."""
         writer = self.writer
-        reads = self._engine.reads
         if lsn <= writer.durable_lsn:
             return
-        bound = writer.bound(reads.ticket) if reads.lsn == COLLECTED else None
-        reads.observed(lsn, holders, writer.durable_lsn, writer.ticket(), bound)
+        with self._drive:
+            reads = self._engine.reads
+            bound = writer.bound(reads.ticket) if reads.lsn == COLLECTED else None
+            reads.observed(lsn, holders, writer.durable_lsn, writer.ticket(), bound)
 
     # --- the call path -------------------------------------------------------------------
 
@@ -248,7 +253,7 @@ class Session:
         engine = self._engine
         if ranks is None:  # choose: the pick is journaled durably before anything is sent
             seq, jc = self._begin(kind, actor, method, digest, None, durable_first=True)
-            rank, pick = engine.choose(seq, *self._loads(choose_from))
+            rank, pick = self._choose(seq, choose_from)
             if pick is not None:
                 self._do(pick)
             ranks = (rank,)
@@ -267,88 +272,50 @@ class Session:
                         mesh_state.wait_ready(r)
                     except SupervisionError as e:
                         unavailable[r] = str(e)
-        targets = {r: procs[r].key for r in ranks}
-        with self.runtime.lock:
-            call = engine.expect(seq, kind, actor, method, targets, sink, jc)
-        if isinstance(sink, StreamSink):  # the stream reads results from its call; other
-            sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
-        if jc is None:
-            self._recorder.collect(engine.call_record(seq, kind, actor, method, digest, ranks, time.time()).item)
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
-        call.wire = Wire(wire_kind, base, frames, metas, procs, time.monotonic(), RESEND_FIRST_S)
-        # Several points share one packing of the metadata; one point (call_one) packs it once anyway.
-        points = wire.PointMessages(wire_kind, base, frames) if not metas and len(ranks) > 1 else None
-        for r in ranks:
-            outcome = engine.replayed(jc, r)
-            if outcome is not None:
-                self.runtime.deliver_local(call, r, outcome)
-            elif r in unavailable:
-                self.runtime.deliver_local(call, r, Outcome("dead", {"em": unavailable[r], "pt": r}, []))
-            elif self._edge.unanswered(call, r):
-                if points is not None:
-                    msg = points.encode(r)
-                elif metas:
-                    msg = wire.encode(wire_kind, {**base, "pt": r, **metas[r]}, frames)
+        runtime, edge = self.runtime, self._edge
+        with self._drive:
+            call = engine.expect(seq, kind, actor, method, {r: procs[r].key for r in ranks}, sink, jc)
+            if isinstance(sink, StreamSink):  # the stream reads results from its call; other
+                sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
+            if jc is None:
+                self._recorder.collect(engine.call_record(seq, kind, actor, method, digest, ranks, time.time()).item)
+            call.wire = Wire(wire_kind, base, frames, metas, procs, time.monotonic(), RESEND_FIRST_S,
+                             many=len(ranks) > 1)
+            for effect in engine.dispatch(jc, ranks, unavailable):
+                if type(effect) is Send:
+                    if edge.unanswered(call, effect.rank):
+                        runtime.send_call(call, effect.rank)
                 else:
-                    msg = wire.encode(wire_kind, {**base, "pt": r}, frames)
-                try:
-                    self.runtime.queue_to_proc(procs[r], msg)
-                except PeerGone as e:
-                    self.runtime.deliver_local(call, r, Outcome("dead", {"em": str(e), "pt": r}, []))
+                    runtime.deliver_local(call, effect.rank, effect.outcome)
         return call
 
-    def _loads(self, mesh: ActorMesh) -> tuple[list[int], dict[int, int]]:
-        """A choose's candidates (the live members, or all if none is) and their calls in flight."""
+    def _choose(self, seq: int, mesh: ActorMesh) -> tuple[int, Append | None]:
+        """A choose's pick among the live members (or all, if none is), by calls in flight."""
         ranks = mesh._view.ranks
         live = [r for r in ranks if mesh._procs[r].alive] or list(ranks)
         load = dict.fromkeys(live, 0)
-        with self.runtime.lock:
+        with self._drive:
             for call in self.core.calls.values():
                 for r, pid in call.targets.items():
                     if r in load and mesh._procs[r].key == pid and r not in call.results:
                         load[r] += 1
-        return live, load
+            return self._engine.choose(seq, live, load)
 
     def _get(self, fut: Future, timeout: float | None) -> None:
         """Future.get for calls: a deadline the program saw is journaled, and replayed."""
         seq, engine = fut.tag, self._engine
-        if engine.replayed_timeout(seq):
+        with self._drive:
+            replayed, timeout_s = engine.replayed_timeout(seq), engine.deadline(seq, timeout)
+        if replayed:
             raise TimeoutError(f"call seq {seq} not complete after {timeout} s (replayed)")
-        if not self.runtime.wait_for(fut, engine.deadline(seq, timeout)):
-            self._do(engine.timed_out(seq, timeout))
+        if not self.runtime.wait_for(fut, timeout_s):
+            with self._drive:
+                effect = engine.timed_out(seq, timeout)
+            self._do(effect)
             raise TimeoutError(f"call seq {seq} not complete after {timeout} s")
         self._observed(fut.lsn, engine.read_holders(fut.holders, timeout))
-
-    def _stream_results(self, sink: StreamSink, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
-        """Completion order, journaled durably before each value is seen; replayed as recorded.
-        A deadline that passed is journaled too, and replayed where it happened."""
-        call, engine = sink.call, self._engine
-        index = {r: i for i, r in enumerate(sink.view.ranks)}
-        buffered: dict[int, None] = {}  # arrived but not yet yielded, in arrival order
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for i in range(len(sink.view.ranks)):
-            self.runtime.flush()
-            rank = engine.stream_pick(call.seq, i)
-            if rank is not None:
-                while rank not in buffered:
-                    buffered[sink.queue.get()[1]] = None
-            else:
-                if engine.replayed_timeout(call.seq):
-                    raise TimeoutError(f"stream seq {call.seq} not complete after {timeout} s (replayed)")
-                if not buffered:
-                    try:
-                        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                        buffered[sink.queue.get(timeout=wait)[1]] = None
-                    except queue.Empty:
-                        self._do(engine.timed_out(call.seq, timeout))
-                        raise TimeoutError(f"stream seq {call.seq} not complete after {timeout} s") from None
-                rank = next(iter(buffered))
-                self._do(engine.stream_yielded(call.seq, i, rank))
-            del buffered[rank]
-            outcome = call.results[rank]
-            self._observed(outcome.lsn, engine.read_holders((outcome.holder,), timeout))
-            yield point_of(sink.view.dims, index[rank]), engine.decode(call, outcome)
 
     # --- values the program may ask for ----------------------------------------------------
 
@@ -378,53 +345,12 @@ class Session:
 
     def checkpoint(self, state: Any) -> None:
         """Snapshot the program's state; a takeover resumes from here (see `resume`)."""
-        seq, jc = self._begin("checkpoint", "checkpoint", "checkpoint")
-        if jc is not None:
-            self._finished(seq)
-            self._edge.replayed_checkpoint(seq, state)
-            return
-        blob = pickle.dumps(state, protocol=5)
-        # A checkpoint is a barrier: a takeover skips everything before it, so every earlier
-        # call must have completed (broadcasts included) and be journaled.
-        while True:
-            self.runtime.flush()
-            with self.runtime.lock:
-                if not self._engine.outstanding_before(seq):
-                    break
-            self._check_live()
-            time.sleep(0.001)
-        lsn = self._append(CALL, {"s": seq, "k": "checkpoint", "a": "checkpoint", "m": "checkpoint", "v": None},
-                           durable=True)
-        self.lead.checkpoint({"seq": seq, "run": self.run_id, "state": blob, "resume_lsn": self._resume_lsn},
-                             lsn=lsn + 1)
-        self._finished(seq)
-        self.runtime.checkpoint_seq = seq
+        self._checkpoints.save(state)
 
     def resume(self, default: Any) -> Any:
         """The state of the last checkpoint of this run, or default. Call it once, after
         creating meshes: a takeover skips from here straight to the checkpoint."""
-        if self._resumed:
-            raise RuntimeError("resume() may be called once per session")
-        self._resumed = True
-        seq, jc = self._begin("resume", "resume", "resume")
-        if jc is None:
-            self._resume_lsn = self._append(CALL, {"s": seq, "k": "resume", "a": "resume", "m": "resume", "v": None},
-                                            durable=True)
-            self._finished(seq)
-            return default
-        self._finished(seq)
-        ckpt = self.journal.read_checkpoint(self.name)
-        data = ckpt["data"] if ckpt else None
-        self._resume_lsn = data.get("resume_lsn") if data else None
-        if not data or data.get("run") != self.run_id or data["seq"] <= seq or not self._edge.resume_from(seq, data):
-            return default
-        # Skip the calls the checkpoint covers: the program continues after it.
-        with self.runtime.lock:
-            went_live = self._engine.skip_to(data["seq"])
-        self.runtime.checkpoint_seq = data["seq"]
-        if went_live:
-            self._go_live()
-        return pickle.loads(data["state"])
+        return self._checkpoints.resume(default)
 
     # --- meshes ------------------------------------------------------------------------------
 

@@ -96,20 +96,24 @@ def test_workers_drop_results_once_the_journal_holds_them(tmp_path):
 
 
 def test_the_watermark_reads_its_marks_while_replies_add_more(tmp_path):
-    """The IO thread computes the watermark while the thread reading replies (a program
-    thread in wait_for) adds marks: a deque changed under an iteration raises RuntimeError,
-    which cost the watermark its turn."""
+    """The watermark is computed while replies add marks, each on the thread that drives at
+    the time (the timer's event, and a reply read by a program thread in wait_until): one
+    driver at a time, so the watermark never meets a deque changed under its iteration, which
+    cost it its turn when both ran at once."""
     import threading
 
     with Session("watermark-marks", journal=f"sqlite://{tmp_path / 'j.db'}") as s:
         never = 1 << 62  # marks that are never durable: the deque only grows
-        s._engine.releases.marks.extend((seq, never) for seq in range(20_000))
+        with s._drive:
+            for seq in range(20_000):
+                s._engine.journaled_at(seq, never)
         stop = threading.Event()
 
         def add() -> None:
             seq = 20_000
             while not stop.is_set():
-                s._engine.releases.marks.append((seq, never))
+                with s._drive:
+                    s._engine.journaled_at(seq, never)
                 seq += 1
 
         adder = threading.Thread(target=add)
@@ -117,7 +121,8 @@ def test_the_watermark_reads_its_marks_while_replies_add_more(tmp_path):
         try:
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:
-                assert s._recorder.release_through() == -1
+                with s._drive:
+                    assert s._recorder.release_through() == -1
         finally:
             stop.set()
             adder.join()
