@@ -124,10 +124,13 @@ class _NoRuntime:
             call.sink.deliver(call, point)
 
     def wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
-        """Everything an audit can answer was answered from the journal when it was issued."""
+        """Everything an audit can answer was answered from the journal when it was issued; a
+        wait with a deadline (an event loop's timer) passes at once: an audit never waits."""
         with self.drive:
             if done():
                 return True
+            if timeout is not None:
+                return False
             missing = [(c.seq, c.actor, c.method, sorted(set(c.targets) - set(c.results)))
                        for c in self.core.calls.values()]
         what = ", ".join(f"seq {s} {a}.{m} (points {p})" for s, a, m, p in missing[:3]) or "a call"
@@ -154,6 +157,9 @@ class _NoRuntime:
 
     def flush(self) -> None:
         """Nothing is ever queued for a worker in an audit."""
+
+    def drain_ready(self) -> None:
+        """An audit has no inbox: every answer came from the journal when its call was issued."""
 
     def register_host(self, host: str) -> None:
         pass

@@ -59,7 +59,7 @@ class Checkpoints:
         if not data or data.get("run") != s.run_id or data["seq"] <= seq or not s._edge.resume_from(seq, data):
             return default
         # Skip the calls the checkpoint covers: the program continues after it.
-        with s._drive:
+        with s._drive.lock:
             went_live = s._engine.skip_to(data["seq"])
         s.runtime.checkpoint_seq = data["seq"]
         if went_live:

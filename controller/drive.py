@@ -22,70 +22,61 @@ log = structlog.get_logger("regent.controller")
 
 
 class Drive:
-    """`with drive:` makes this thread the engine's driver until the block ends."""
+    """The engine's one driver at a time.
 
-    __slots__ = ("_lock", "_posted", "_count", "wanted", "owner")
+    Short sections on the program's thread take `lock` itself (`with drive.lock:`: the call
+    path pays a bare lock). Whoever holds the drive for longer, reading the inbox (the IO
+    thread, a program thread waiting for a result), takes it through `acquire` / `release`
+    or `with drive:`, which apply posted events."""
+
+    __slots__ = ("lock", "posted", "_count", "wanted")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._posted: collections.deque[Callable[[], Any]] = collections.deque()
+        self.lock = threading.Lock()
+        self.posted: collections.deque[Callable[[], Any]] = collections.deque()  # for the next driver
         self._count = threading.Lock()  # guards `wanted`, on the slow path only
-        self.wanted = 0  # threads blocked waiting for the drive: a holder that can, yields
-        self.owner: int | None = None
+        self.wanted = 0  # threads blocked in `with drive:`: a holder reading the inbox yields
 
     def __enter__(self) -> Drive:
-        if not self._lock.acquire(blocking=False):
-            self._block()
-        self.owner = threading.get_ident()
-        return self
-
-    def _block(self) -> None:
-        with self._count:
-            self.wanted += 1
-        try:
-            self._lock.acquire()
-        finally:
+        lock = self.lock
+        if not lock.acquire(False):
             with self._count:
-                self.wanted -= 1
+                self.wanted += 1
+            try:
+                lock.acquire()
+            finally:
+                with self._count:
+                    self.wanted -= 1
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
     def acquire(self, timeout: float) -> bool:
         """Take the drive within `timeout` seconds (0: only if free); True if taken."""
-        if not (self._lock.acquire(False) if timeout <= 0 else self._lock.acquire(True, timeout)):
-            return False
-        self.owner = threading.get_ident()
-        return True
+        return self.lock.acquire(False) if timeout <= 0 else self.lock.acquire(True, timeout)
 
     def release(self) -> None:
         """Apply what was posted, then let go. A post that lands after the last look and
-        finds the drive still held is applied by whoever takes it next: the IO thread does
-        within a poll, so after letting go we look once more and take it back for those."""
-        if self._posted:
+        finds the drive still held is applied by whoever takes it next (the IO thread does
+        within a poll); after letting go we look once more and take it back for those."""
+        if self.posted:
             self.run_posted()
-        self.owner = None
-        self._lock.release()
-        while self._posted and self._lock.acquire(blocking=False):
-            self.owner = threading.get_ident()
+        lock = self.lock
+        lock.release()
+        while self.posted and lock.acquire(False):
             self.run_posted()
-            self.owner = None
-            self._lock.release()
-
-    def held(self) -> bool:
-        """Is this thread the driver now?"""
-        return self.owner == threading.get_ident()
+            lock.release()
 
     def post(self, event: Callable[[], Any]) -> None:
         """Have the driver apply `event` (now, if nobody holds the drive)."""
-        self._posted.append(event)
-        if self._lock.acquire(blocking=False):
-            self.owner = threading.get_ident()
+        self.posted.append(event)
+        if self.lock.acquire(False):
             self.release()
 
     def run_posted(self) -> None:
         """Apply posted events (the holder only)."""
-        posted = self._posted
+        posted = self.posted
         while posted:
             event = posted.popleft()
             try:

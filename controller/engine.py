@@ -80,6 +80,10 @@ class Send:
     rank: int
 
 
+_SENDS = 1024
+_SEND = [Send(r) for r in range(_SENDS)]  # immutable: one each, not one per call
+
+
 @dataclass(slots=True, frozen=True)
 class Deliver:
     """Give one point an outcome decided on this side: the journal's, or a refusal."""
@@ -251,6 +255,8 @@ class Engine:
                  unavailable: Mapping[int, str]) -> list[Send | Deliver]:
         """What becomes of each point of a call just expected: answered from the journal,
         failed at once (`unavailable`: the reason its actor cannot take calls), or sent."""
+        if jc is None and not unavailable:  # a live call: every point is sent (the usual case)
+            return [_SEND[r] if r < _SENDS else Send(r) for r in ranks]
         effects: list[Send | Deliver] = []
         for r in ranks:
             outcome = self.replayed(jc, r)
@@ -313,6 +319,13 @@ class Engine:
     @staticmethod
     def value_record(seq: int, kind: str, stored: Any) -> Append:
         return Append(CALL, {"s": seq, "k": kind, "a": kind, "m": kind, "v": stored}, durable=True)
+
+    @staticmethod
+    def loop_record(seq: int, what: str, digest: bytes, value: dict) -> Append:
+        """A wake-up of the session's event loop that another run might not repeat: journaled
+        before the tasks see it, and durable before the next call goes out (controller/loop.py).
+        `digest`: of what could have happened instead, which a replay checks."""
+        return Append(CALL, {"s": seq, "k": "loop", "a": "loop", "m": what, "d": digest, "v": value})
 
     def outstanding_before(self, seq: int) -> bool:
         """Is a call before `seq` still in flight (the checkpoint barrier waits for none)?"""

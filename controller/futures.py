@@ -99,17 +99,19 @@ class Future(Generic[T]):
         return self._exc
 
     def __await__(self):
-        if not self.done():
-            if self._on_wait is not None:
-                self._on_wait()
-            loop = asyncio.get_running_loop()
-            afut = loop.create_future()
-
-            def _wake(_: Future) -> None:
-                loop.call_soon_threadsafe(lambda: afut.done() or afut.set_result(None))
-
-            self.add_done_callback(_wake)
-            yield from afut.__await__()
+        """Awaitable on the session's event loop (`s.run(main())`), which lets completions in
+        one at a time in an order a replay repeats; on any other loop, an error at once."""
+        wait_on = getattr(asyncio.get_running_loop(), "regent_wait_on", None)
+        if wait_on is None:
+            raise RuntimeError(
+                "a regent future was awaited on an event loop that is not its session's: run the "
+                "program's coroutine with s.run(main()) instead of asyncio.run(main()), so a standby "
+                "replays its tasks in the same order after a takeover")
+        # Even a future done already waits its turn: answered from the journal on replay, it
+        # may be done where the primary's was not, and the task must not run ahead of the others.
+        if not self.done() and self._on_wait is not None:
+            self._on_wait()
+        yield from wait_on(self).__await__()
         return self.get()
 
 

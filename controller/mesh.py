@@ -275,6 +275,7 @@ class StreamResults:
         self._session = session
         self._sink = sink
         self._it: Iterator[tuple[Point, Any]] | None = None
+        self._taken = 0  # values handed out by __anext__
 
     def iter(self, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
         """Iterate with a deadline: TimeoutError (journaled, so a replay raises it at the same
@@ -290,6 +291,24 @@ class StreamResults:
     def __next__(self) -> tuple[Point, Any]:
         return next(iter(self))
 
+    def __aiter__(self) -> StreamResults:
+        """`async for point, value in ...stream(...)` on the session's loop (`s.run`): each step
+        awaits the next arrival as a wake-up of the loop, so tasks interleave as a replay repeats."""
+        return self
+
+    async def __anext__(self) -> tuple[Point, Any]:
+        it = iter(self)
+        sink = self._sink
+        if self._taken < len(sink.view.ranks):
+            with self._session._drive.lock:
+                arrival = sink.arrival(self._taken)
+            await arrival
+        self._taken += 1
+        try:
+            return next(it)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
 
 class StreamSink:
     """Queues each point's outcome as it arrives."""
@@ -299,9 +318,26 @@ class StreamSink:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.decode = None
         self.call: Any = None
+        self.delivered = 0
+        self._waiting: tuple[int, Future] | None = None
 
     def deliver(self, call: Any, point: int) -> None:
         self.queue.put((call, point))
+        self.delivered += 1
+        waiting = self._waiting
+        if waiting is not None and self.delivered > waiting[0]:
+            self._waiting = None
+            waiting[1].set_result(None)
+
+    def arrival(self, n: int) -> Future:
+        """A future done once more than `n` outcomes have arrived (the caller holds the drive)."""
+        fut: Future = Future()
+        fut.tag = self.call.seq
+        if self.delivered > n:
+            fut.set_result(None)
+        else:
+            self._waiting = (n, fut)
+        return fut
 
 
 class BroadcastSink:

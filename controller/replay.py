@@ -129,6 +129,8 @@ def batched_results(rec: Record, session: str = "") -> Iterator[dict]:
 def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", points: Iterable[int] = ()) -> str:
     if kind in VALUE_KINDS:
         return f"{kind}()"
+    if kind == "loop":
+        return f"an event-loop {method} (the program's tasks in another order)"
     pts = list(points)
     where = f"{actor}.{method}" if method else actor
     return f"{kind} {where} on points {pts} (argument digest {digest.hex()[:12]})"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pickle
 import random as _random
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 import structlog
 
@@ -28,6 +28,7 @@ from regent.controller.edge import Handoff, RunFinished, journal_value_limit, op
 from regent.controller.engine import COLLECTED, Append, AwaitReads, Engine, Send
 from regent.controller.futures import Future
 from regent.controller.lifecycle import Lifecycle
+from regent.controller.loop import run as run_on_loop
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink
 from regent.controller.recorder import Recorder, append
 from regent.controller.replay import END, JournaledCall, NonDeterminismError
@@ -37,6 +38,7 @@ from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.logsetup import configure_logging
 
 log = structlog.get_logger("regent.session")
+T = TypeVar("T")
 
 class Session:
     """A regent session: `with Session("name") as s: ...`.
@@ -192,14 +194,17 @@ class Session:
         """Take the next seq for a side effect on the proc processes `targets` (None: a host
         agent or the journal), once what it rests on is durable; its journal record, if any."""
         self._check_live()
-        engine, writer = self._engine, self.writer
-        with self._drive:
+        engine, writer, lock = self._engine, self.writer, self._drive.lock
+        with lock:
             wait = engine.reads.wait_before(targets, writer.durable_lsn, durable_first)
+            if wait is None:
+                seq, went_live = engine.issue()
+                jc = self._edge.match(engine, seq, kind, actor, method, digest, points)
         if wait is not None:
             self._await_reads(wait)
-        with self._drive:
-            seq, went_live = engine.issue()
-            jc = self._edge.match(engine, seq, kind, actor, method, digest, points)
+            with lock:
+                seq, went_live = engine.issue()
+                jc = self._edge.match(engine, seq, kind, actor, method, digest, points)
         if went_live:
             self._edge.live(engine)
         return seq, jc
@@ -211,7 +216,7 @@ class Session:
             if lsn is None:
                 lsn = writer.seal()
         writer.wait_durable(lsn)
-        with self._drive:
+        with self._drive.lock:
             self._engine.reads.durable(lsn)
 
     def _append(self, kind: str, data: dict, durable: bool = False) -> int:
@@ -225,7 +230,7 @@ class Session:
             raise
 
     def _finished(self, seq: int) -> None:
-        with self._drive:
+        with self._drive.lock:
             self.core.finished(seq)
 
     def _observed(self, lsn: int, holders: Any) -> None:
@@ -233,7 +238,7 @@ class Session:
         writer = self.writer
         if lsn <= writer.durable_lsn:
             return
-        with self._drive:
+        with self._drive.lock:
             reads = self._engine.reads
             bound = writer.bound(reads.ticket) if reads.lsn == COLLECTED else None
             reads.observed(lsn, holders, writer.durable_lsn, writer.ticket(), bound)
@@ -275,7 +280,7 @@ class Session:
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
         runtime, edge = self.runtime, self._edge
-        with self._drive:
+        with self._drive.lock:
             call = engine.expect(seq, kind, actor, method, {r: procs[r].key for r in ranks}, sink, jc)
             if isinstance(sink, StreamSink):  # the stream reads results from its call; other
                 sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
@@ -289,6 +294,9 @@ class Session:
                         runtime.send_call(call, effect.rank)
                 else:
                     runtime.deliver_local(call, effect.rank, effect.outcome)
+            # Replies waiting in the inbox are handled here, by the driver at hand, rather than
+            # by the IO thread contending for the drive (a pipelined program issues while they come).
+            runtime.drain_ready()
         return call
 
     def _choose(self, seq: int, mesh: ActorMesh) -> tuple[int, Append | None]:
@@ -296,7 +304,7 @@ class Session:
         ranks = mesh._view.ranks
         live = [r for r in ranks if mesh._procs[r].alive] or list(ranks)
         load = dict.fromkeys(live, 0)
-        with self._drive:
+        with self._drive.lock:
             for call in self.core.calls.values():
                 for r, pid in call.targets.items():
                     if r in load and mesh._procs[r].key == pid and r not in call.results:
@@ -306,12 +314,14 @@ class Session:
     def _get(self, fut: Future, timeout: float | None) -> None:
         """Future.get for calls: a deadline the program saw is journaled, and replayed."""
         seq, engine = fut.tag, self._engine
-        with self._drive:
-            replayed, timeout_s = engine.replayed_timeout(seq), engine.deadline(seq, timeout)
-        if replayed:
-            raise TimeoutError(f"call seq {seq} not complete after {timeout} s (replayed)")
-        if not self.runtime.wait_for(fut, timeout_s):
-            with self._drive:
+        wait = timeout
+        if timeout is not None or engine.replay is not None:  # else nothing to look up
+            with self._drive.lock:
+                if engine.replayed_timeout(seq):
+                    raise TimeoutError(f"call seq {seq} not complete after {timeout} s (replayed)")
+                wait = engine.deadline(seq, timeout)
+        if not self.runtime.wait_for(fut, wait):
+            with self._drive.lock:
                 effect = engine.timed_out(seq, timeout)
             self._do(effect)
             raise TimeoutError(f"call seq {seq} not complete after {timeout} s")
@@ -351,6 +361,11 @@ class Session:
         """The state of the last checkpoint of this run, or default. Call it once, after
         creating meshes: a takeover skips from here straight to the checkpoint."""
         return self._checkpoints.resume(default)
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        """Run an asyncio program, `s.run(main())`, on the session's event loop, which a standby
+        replays in the same order (controller/loop.py); its result."""
+        return run_on_loop(self, main)
 
     # --- meshes ------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def stream_results(s: Session, sink: StreamSink, timeout: float | None = None) -> Iterator[tuple[Point, Any]]:
     """The (point, value) pairs of the stream `sink` collects, for session `s`."""
-    call, engine, drive = sink.call, s._engine, s._drive
+    call, engine, drive = sink.call, s._engine, s._drive.lock
     index = {r: i for i, r in enumerate(sink.view.ranks)}
     buffered: dict[int, None] = {}  # arrived but not yet yielded, in arrival order
     deadline = None if timeout is None else time.monotonic() + timeout

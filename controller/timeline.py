@@ -52,6 +52,17 @@ def timeline(records: Iterable, flt: Filter | None = None) -> Iterator[str]:
         yield f"{rec.lsn:>8}  e{rec.epoch:<6} {_when(rec.ts)}  {line}"
 
 
+def _wake(v: object) -> str:
+    """A `loop` record's value (untrusted: the journal's)."""
+    if not isinstance(v, dict):
+        return repr(v)[:80]
+    try:
+        when = _when(v["t"]) if isinstance(v.get("t"), (int, float)) else "?"
+    except (OverflowError, ValueError, OSError):
+        when = "?"
+    return f"the task awaiting seq {v['f']} resumes at {when}" if "f" in v else f"the clock reads {when}"
+
+
 def _is_error(rec) -> bool:
     d = rec.data
     return (rec.kind == RESULT and d.get("st") != "ok") or rec.kind == SUPERVISION or (
@@ -68,6 +79,8 @@ def _describe(rec, actor: str, method: str) -> str:
             return f"seq {d['s']:<6} {kind}() = {d['v']!r}"
         if kind in ("side_effect", "resume", "checkpoint"):
             return f"seq {d['s']:<6} {kind}()"
+        if kind == "loop":
+            return f"seq {d['s']:<6} event loop {d.get('m')}: {_wake(d.get('v'))}"
         return f"seq {d['s']:<6} {kind} {d.get('a')}.{d.get('m')} -> points {d.get('pts')}"
     if k == RESULT:
         where = f"seq {d['s']:<6} {actor}[{d.get('pt')}].{method}"

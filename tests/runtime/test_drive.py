@@ -29,11 +29,46 @@ from regent.worker.supervision import RestartPolicy
 # --- the Drive itself ----------------------------------------------------------------------
 
 
+class OwnedLock:
+    """A lock that knows which thread holds it (the tests' stand-in for Drive.lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.owner: int | None = None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self.owner = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self.owner = None
+        self._lock.release()
+
+    def __enter__(self) -> OwnedLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def held(self) -> bool:
+        return self.owner == threading.get_ident()
+
+
+def _owned() -> tuple[Drive, OwnedLock]:
+    drive, lock = Drive(), OwnedLock()
+    drive.lock = lock
+    return drive, lock
+
+
 def test_a_post_to_a_free_drive_runs_at_once_on_the_posting_thread():
-    drive, ran = Drive(), []
-    drive.post(lambda: ran.append((threading.get_ident(), drive.held())))
+    drive, lock = _owned()
+    ran = []
+    drive.post(lambda: ran.append((threading.get_ident(), lock.held())))
     assert ran == [(threading.get_ident(), True)]
-    assert not drive.held()
+    assert lock.owner is None
 
 
 def test_a_post_to_a_held_drive_runs_when_the_holder_lets_go_on_the_holders_thread():
@@ -44,6 +79,16 @@ def test_a_post_to_a_held_drive_runs_when_the_holder_lets_go_on_the_holders_thre
         poster.join()
         assert ran == []  # the poster did not wait for the drive, nor run the event
     assert ran == [threading.get_ident()]
+
+
+def test_a_post_while_a_short_section_holds_the_lock_is_applied_by_the_next_driver():
+    drive, ran = Drive(), []
+    with drive.lock:  # the call path's bare section does not apply posted events
+        drive.post(lambda: ran.append("event"))
+    assert ran == []
+    assert drive.acquire(0)
+    drive.release()  # the IO thread's next turn
+    assert ran == ["event"]
 
 
 def test_a_holder_that_waits_applies_posted_events_as_it_polls():
@@ -104,14 +149,14 @@ def watched(monkeypatch):
     """watch(session): from then on, every engine-state method records the thread it ran on
     and whether that thread held the session's drive."""
     steps: list[tuple[str, str, bool]] = []
-    owners: dict[int, Drive] = {}
+    owners: dict[int, OwnedLock] = {}
 
     def guard(name: str, fn):
         @functools.wraps(fn)
         def wrapped(self, *args, **kwargs):
-            drive = owners.get(id(self))
-            if drive is not None:
-                steps.append((name, threading.current_thread().name, drive.held()))
+            lock = owners.get(id(self))
+            if lock is not None:
+                steps.append((name, threading.current_thread().name, lock.held()))
             return fn(self, *args, **kwargs)
         return wrapped
 
@@ -125,9 +170,13 @@ def watched(monkeypatch):
                 monkeypatch.setattr(cls, name, guard(f"{cls.__name__}.{name}", member))
 
     def watch(s: Session) -> list[tuple[str, str, bool]]:
-        engine = s._engine
+        engine, drive = s._engine, s._drive
+        lock = OwnedLock()
+        with drive.lock:  # the IO thread only ever tries it without blocking
+            old, drive.lock = drive.lock, lock
+        assert not old.locked()
         for obj in (engine, engine.core, engine.reads, engine.releases):
-            owners[id(obj)] = s._drive
+            owners[id(obj)] = lock
         return steps
 
     return watch

@@ -164,13 +164,13 @@ def test_per_sender_fifo_order_is_kept(counters):
     assert one.recorded.call_one().get() == list(range(500))
 
 
-def test_futures_are_awaitable(counters):
+def test_futures_are_awaitable_on_the_sessions_loop(session, counters):
     async def main():
         a = counters.slice(procs=0).incr.call_one(by=1)
         b = counters.incr.call(by=1)
         return await a, (await b).values()
 
-    one, many = asyncio.run(main())
+    one, many = session.run(main())
     assert one == 11
     assert many == [12, 11, 11, 11]
 

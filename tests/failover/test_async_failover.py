@@ -1,0 +1,151 @@
+"""asyncio programs fail over exactly (controller/loop.py).
+
+Real controller processes run programs/async_mixed.py through `s.run`: tasks at different
+speeds, a queue, a fan-out read with as_completed, a wait_for deadline that expires, sleeps.
+Successive primaries are SIGKILLed at random points; each one's observations (written only
+behind a later call, so durable) must be what its successors observed too, in the same order
+(the last controller, which saw the whole run, holds each of theirs as a prefix), and
+every call must run once on its actor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.failover.harness import Cluster
+from tests.support.etcd import MISSING_REASON, EtcdServer, etcd_available
+
+STEPS = 90
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    if not etcd_available():
+        pytest.skip(MISSING_REASON)
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def journal_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'journal.db'}"
+    return request.getfixturevalue("etcd").url
+
+
+@pytest.fixture()
+def cluster(tmp_path, journal_url):
+    obs = tmp_path / "obs"
+    obs.mkdir()
+    c = Cluster(f"async-{os.getpid()}-{journal_url[:4]}", journal_url, tmp_path, program="async_mixed.py",
+                steps=STEPS, extra_env={"REGENT_TEST_OBS_DIR": str(obs)})
+    yield c
+    c.stop_all()
+
+
+def _observed(c: Cluster, pid: int) -> list:
+    path = Path(c.extra_env["REGENT_TEST_OBS_DIR"]) / f"{pid}.obs"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _check_once(result: dict) -> None:
+    """Each token ran once on its actor, and every token the program issued is there."""
+    fast, slow, nap = result["reports"]
+    for name, seen in (("fast", fast), ("slow", slow), ("nap", nap)):
+        twice = {t: n for t, n in seen.items() if n != 1}
+        assert not twice, f"{name}: calls run more than once: {twice}"
+    assert {t for t in fast if t.startswith("f")} == {f"f{i}" for i in range(STEPS)}
+    assert {t for t in slow if t.startswith("s")} == {f"s{i}" for i in range(STEPS // 3)}
+    fans = {i for i in range(STEPS) if i % 10 == 9}
+    assert {t for t in fast if t.startswith("a")} == {f"a{i}.0" for i in fans}
+    assert {t for t in slow if t.startswith("a")} == {f"a{i}.1" for i in fans}
+    assert set(nap) == {f"n{i}" for i in range(STEPS) if i % 15 == 14}
+
+
+def test_an_async_program_sees_the_same_wake_ups_in_the_same_order_across_20_kills(cluster):
+    c = cluster
+    rng = random.Random(int(os.environ.get("REGENT_TEST_SEED", "4321")))
+    c.start()
+    c.start()  # standby
+    pids: list[int] = []
+    leader = 1
+    while len(pids) < 20:
+        pid = c.wait_leader(leader, timeout=60)
+        if not c.wait_live_steps(pid, rng.randint(0, 4)):
+            break  # finished before this kill point
+        time.sleep(rng.uniform(0.0, 0.01))
+        proc = c.by_pid(pid)
+        if proc.poll() is not None:
+            break
+        os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        pids.append(pid)
+        leader += 1
+        c.start()
+    assert len(pids) == 20, f"the program finished after {len(pids)} kills; make it longer"
+    final_pid = c.wait_leader(leader, timeout=60)
+    result = c.finish(c.by_pid(final_pid))
+    final = result["out"]
+    seen = [_observed(c, pid) for pid in pids]
+    for k, before in enumerate(seen):
+        assert final[:len(before)] == before, f"controller {k} saw another order than the last one"
+    assert sum(1 for before in seen if before) >= 10, "too few primaries observed anything before their kill"
+    # Each deadline is seen once: mostly expired; answered in time where a standby sent the
+    # call again and the actor's cache replied at once, the primary having seen neither.
+    deadlines = [o for o in final if o[0] == "d"]
+    assert [o[1] for o in deadlines] == [i for i in range(STEPS) if i % 15 == 14]
+    assert sum(1 for o in deadlines if o[2] == "timeout") >= 1
+    _check_once(result)
+    assert result["role"] == "standby-took-over" and result["stats"]["replayed"] > 0
+
+
+def test_a_paused_async_primary_is_deposed_and_no_call_runs_twice(cluster):
+    c = cluster
+    c.start()
+    c.start()
+    old_pid = c.wait_leader(1)
+    old = c.by_pid(old_pid)
+    c.wait_step(old_pid, 10)
+    c.wait_standby()
+    os.kill(old_pid, signal.SIGSTOP)
+    try:
+        new_pid = c.wait_leader(2, timeout=c.ttl + 8)
+        time.sleep(0.3)
+    except TimeoutError:
+        if not c.journal.startswith("sqlite"):  # a write frozen mid-way holds SQLite's lock
+            raise
+        new_pid = None
+    os.kill(old_pid, signal.SIGCONT)
+    if new_pid is None:
+        new_pid = c.wait_leader(2, timeout=30)
+    old.wait(timeout=30)
+    assert old.returncode != 0
+    log = c.log_of(old_pid).read_text()
+    assert "leadership" in log and "lost" in log, log[-3000:]
+    result = c.finish(c.by_pid(new_pid))
+    before = _observed(c, old_pid)
+    assert result["out"][:len(before)] == before
+    _check_once(result)
+
+
+def test_a_changed_async_program_fails_replay_naming_the_seq(cluster):
+    c = cluster
+    first = c.start()
+    pid = c.wait_leader(1)
+    c.wait_step(pid, 20)
+    os.kill(pid, signal.SIGKILL)
+    first.wait()
+    edited = c.start(REGENT_TEST_CHANGE_AT="12")
+    out, _ = edited.communicate(timeout=60)
+    assert edited.returncode != 0
+    text = c.log_of(edited.pid).read_text()
+    assert "NonDeterminismError" in text and "non-determinism at seq " in text
+    assert "call_one fast.work" in text
+    assert "changed12" not in out
