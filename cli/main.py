@@ -32,8 +32,13 @@ def _cmd_keys(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
-    """The main job: examples/train/demo.py (training through controller failovers)."""
-    program = REPO / "examples" / "train" / "demo.py"
+    """The main job: examples/train/demo.py (training through controller failovers), or with
+    --rl examples/rl/demo.py (asyncio RL post-training through a controller and a sampler kill)."""
+    if "--rl" in rest:
+        rest = [a for a in rest if a != "--rl"]
+        program = REPO / "examples" / "rl" / "demo.py"
+    else:
+        program = REPO / "examples" / "train" / "demo.py"
     sys.argv = [str(program), *rest]
     demo = runpy.run_path(str(program), run_name="regent_demo")
     return demo["main"](rest)
@@ -194,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     init = keys_sub.add_parser("init", help="create the cluster keypair in $REGENT_HOME/keys")
     init.add_argument("--force", action="store_true", help="replace existing keys")
-    sub.add_parser("demo", help="the main job: training through controller failovers (regent demo --help)",
+    sub.add_parser("demo", help="the main job: training through controller failovers (regent demo --help; "
+                               "--rl: RL post-training as an asyncio program)",
                    add_help=False)
     run = sub.add_parser("run", help="run PROGRAM.py as a primary plus N standbys")
     run.add_argument("program")

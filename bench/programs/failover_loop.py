@@ -8,6 +8,7 @@ Configured by environment (see `Config`); it must behave identically in primary 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -33,6 +34,7 @@ class Config:
     calls: int  # > 0: issue this many calls pipelined, then wait to be stopped
     chunk: int  # futures in flight at once in that mode
     live_after_takeover: int  # a standby that took over makes this many live calls, then ends
+    asyncio: bool  # run the paced loop as a task of an asyncio program (s.run), beside another
 
     @staticmethod
     def from_env() -> Config:
@@ -46,6 +48,7 @@ class Config:
             calls=int(env.get("BENCH_CALLS", "0")),
             chunk=int(env.get("BENCH_CHUNK", "2000")),
             live_after_takeover=int(env.get("BENCH_LIVE_AFTER", "20")),
+            asyncio=env.get("BENCH_ASYNC") == "1",
         )
 
 
@@ -86,6 +89,10 @@ def main() -> None:
             mark(cfg, "live", at=time.time(), replay_done_at=replay_done,
                  stats=dict(s.stats), standby=took_over)
             return
+        if cfg.asyncio:
+            other = s.spawn_procs(per_host={"procs": 1}).spawn("other", Noop).slice(procs=0)
+            s.run(paced_async(s, cfg, one, other, returned, took_over))
+            return
         i = 0
         replay_done = returned
         live = 0
@@ -102,6 +109,37 @@ def main() -> None:
             if took_over and live >= cfg.live_after_takeover:
                 return
             time.sleep(cfg.pace_s)
+
+
+async def paced_async(s: Session, cfg: Config, one, other, returned: float, took_over: bool) -> None:
+    """The paced loop as one task of an asyncio program, while a second task calls another
+    actor: the loop's wake-ups are choices between them, journaled and replayed."""
+    stop = asyncio.Event()
+
+    async def background() -> None:
+        j = 0
+        while not stop.is_set():
+            await other.noop.call_one(j)
+            j += 1
+            await asyncio.sleep(cfg.pace_s / 2)
+
+    task = asyncio.get_running_loop().create_task(background())
+    i, live, replay_done = 0, 0, returned
+    while True:
+        await one.noop.call_one(i)
+        i += 1
+        if s.replaying:
+            replay_done = time.time()
+            continue
+        if live == 0:
+            mark(cfg, "live", at=time.time(), replay_done_at=replay_done,
+                 stats=dict(s.stats), standby=took_over, seq=i)
+        live += 1
+        if took_over and live >= cfg.live_after_takeover:
+            stop.set()
+            await task
+            return
+        await asyncio.sleep(cfg.pace_s)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ standby waiting each time). Then the same training runs once more without any fa
 and the demo shows that both end with the same weights (sha256) and the same loss curve,
 compacts the journal and verifies it.
 
-`run_controllers` and `run_reference` are what tests/train uses, with the tiny config.
+`run_controllers` and `run_reference` are what tests/train uses, with the tiny config, and
+what the RL demo (examples/rl/demo.py) drives its own program with.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 TRAIN = Path(__file__).with_name("train.py")
-STEP = re.compile(r"^step (\d+)/(\d+) loss (\S+)")
+STEP = re.compile(r"^step (\d+)/(\d+) (\w+) (\S+)")  # step 3/16 loss 2.31 (or reward 0.12)
 LIVE = re.compile(r"^live at (\S+) replayed (\d+) resent (\d+)")
 
 
@@ -74,7 +76,7 @@ class Controller:
             for line in self.proc.stderr:
                 out.write(line)
                 out.flush()
-                if line.startswith(("step ", "live at ", "eval ")):
+                if line.startswith(("step ", "live at ", "eval ", "procs ")):
                     self._events.put((self.pid, line.rstrip("\n")))
 
     def kill(self) -> None:
@@ -99,13 +101,16 @@ def _leaders(path: Path) -> list[tuple[int, float]]:
 
 
 def run_controllers(session: str, workdir: Path, train_args: list[str], kill_steps: list[int], *,
-                    journal: str | None = None, progress: bool = True, timeout: float = 600.0) -> Run:
+                    journal: str | None = None, progress: bool = True, timeout: float = 600.0,
+                    program: Path = TRAIN, on_line: Callable[[int, str], None] | None = None) -> Run:
     """Train with a primary and a standby; SIGKILL the leader once it reports each step of
-    kill_steps (a fresh standby replaces every standby that takes over)."""
+    kill_steps (a fresh standby replaces every standby that takes over). `on_line(pid, line)`
+    sees every progress line of the leader."""
     workdir.mkdir(parents=True, exist_ok=True)
     leader_file = workdir / f"{session}.leaders"
-    cmd = [sys.executable, str(TRAIN), "--session", session, "--leader-file", str(leader_file),
-           "--checkpoint-dir", str(workdir / f"{session}.ckpt"), *train_args]
+    cmd = [sys.executable, str(program), "--session", session, "--leader-file", str(leader_file), *train_args]
+    if program == TRAIN:
+        cmd += ["--checkpoint-dir", str(workdir / f"{session}.ckpt")]
     if journal:
         cmd += ["--journal", journal]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -148,6 +153,8 @@ def run_controllers(session: str, workdir: Path, train_args: list[str], kill_ste
             leader = current()  # a new leader may have written the file after our last look
             if leader is None or pid != leader.pid:
                 continue
+            if on_line is not None:
+                on_line(pid, line)
             if m := LIVE.match(line):
                 if takeovers and takeovers[-1].leader_pid == pid:
                     t = takeovers[-1]
@@ -160,7 +167,7 @@ def run_controllers(session: str, workdir: Path, train_args: list[str], kill_ste
                 step, total = int(m[1]), int(m[2])
                 bar.total = total
                 bar.n = step
-                bar.set_postfix(loss=m[3], refresh=False)
+                bar.set_postfix({m[3]: m[4]}, refresh=False)
                 bar.refresh()
                 if pending and step >= pending[0]:
                     pending.pop(0)
@@ -180,11 +187,12 @@ def run_controllers(session: str, workdir: Path, train_args: list[str], kill_ste
 
 
 def run_reference(session: str, workdir: Path, train_args: list[str], *, journal: str | None = None,
-                  progress: bool = True, timeout: float = 600.0) -> Run:
+                  progress: bool = True, timeout: float = 600.0, program: Path = TRAIN) -> Run:
     """The same training with one controller and no failure."""
     workdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(TRAIN), "--session", session,
-           "--checkpoint-dir", str(workdir / f"{session}.ckpt"), *train_args]
+    cmd = [sys.executable, str(program), "--session", session, *train_args]
+    if program == TRAIN:
+        cmd += ["--checkpoint-dir", str(workdir / f"{session}.ckpt")]
     if journal:
         cmd += ["--journal", journal]
     events: queue.Queue = queue.Queue()
@@ -203,7 +211,7 @@ def run_reference(session: str, workdir: Path, train_args: list[str], *, journal
             if m := STEP.match(line):
                 bar.total = int(m[2])
                 bar.n = int(m[1])
-                bar.set_postfix(loss=m[3], refresh=False)
+                bar.set_postfix({m[3]: m[4]}, refresh=False)
                 bar.refresh()
         result = c.result(timeout=60)
     finally:
