@@ -244,12 +244,14 @@ class Engine:
         return call
 
     def call_record(self, seq: int, kind: str, actor: str, method: str, digest: bytes, ranks: tuple,
-                    ts: float) -> Collect:
+                    ts: float, task: str | None = None) -> Collect:
         """A live call's record: an item of a CALLS record, which nobody waits for (a takeover
         sends an unjournaled call again and the worker dedupes it). A tuple of atoms, which the
-        cyclic GC stops tracking."""
+        cyclic GC stops tracking. `task`: the async program's task that made it, if any."""
         self.stats["live"] += 1
-        return Collect((seq, kind, actor, method, digest, ranks, ts))
+        if task is None:
+            return Collect((seq, kind, actor, method, digest, ranks, ts))
+        return Collect((seq, kind, actor, method, digest, ranks, ts, task))
 
     def dispatch(self, jc: JournaledCall | None, ranks: Iterable[int],
                  unavailable: Mapping[int, str]) -> list[Send | Deliver]:

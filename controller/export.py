@@ -40,7 +40,8 @@ def _plain(v: Any) -> Any:
 def export_perfetto(records: Iterable, session: str = "") -> dict:
     """The session as Chrome trace events: a process per actor mesh with a thread (track)
     per actor, a span per call from its call record to its result record, and instant
-    markers for failovers (epoch changes), supervision events and checkpoints.
+    markers for failovers (epoch changes), supervision events and checkpoints. An async
+    program's calls (s.run) also appear on a track per task, from the call to its last result.
 
     A span starts no earlier than the end of the previous one on its track: an actor runs
     one message at a time, and the trace format wants the slices of a track to nest.
@@ -98,7 +99,7 @@ def export_perfetto(records: Iterable, session: str = "") -> dict:
                                "args": {"seq": d["s"]}})
             else:
                 open_calls[d["s"]] = {"ts": rec.ts, "a": d["a"], "m": d.get("m"), "k": kind,
-                                      "pts": d.get("pts") or [], "epoch": rec.epoch}
+                                      "pts": d.get("pts") or [], "epoch": rec.epoch, "task": d.get("task")}
         elif rec.kind == RESULT:
             call = open_calls.get(d["s"])
             if call is None:
@@ -106,7 +107,12 @@ def export_perfetto(records: Iterable, session: str = "") -> dict:
             pid, tid = track(call["a"], f"{call['a']}[{d['pt']}]")
             _span(events, track_end, pid, tid, call, d["s"], us(call["ts"]), us(rec.ts), d.get("st"),
                   (d.get("x") or {}).get("em"))
-            call.setdefault("done", set()).add(d["pt"])
+            done = call.setdefault("done", set())
+            done.add(d["pt"])
+            if isinstance(call["task"], str) and done >= set(call["pts"]):
+                pid, tid = track("controller tasks", call["task"])
+                _span(events, track_end, pid, tid, {**call, "m": f"{call['a']}.{call['m']}"}, d["s"],
+                      us(call["ts"]), us(rec.ts), "complete", None)
         elif rec.kind == SUPERVISION:
             where = f"{d.get('mesh')}[{d.get('rank')}]" if d.get("mesh") is not None else None
             pid, tid = track(d["mesh"], where) if where else markers

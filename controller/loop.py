@@ -58,6 +58,20 @@ class SessionLoop(asyncio.BaseEventLoop):
         self._awaits: list[_Await] = []  # in the order the tasks began awaiting
         self._vt: float | None = None  # the loop's clock: None until first read
         self._stale = True  # forced wake-ups since the clock was last journaled or moved
+        self._tasks = 0
+        self.set_task_factory(self._new_task)
+
+    def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
+        """Tasks are named by the order they are made in (the export's track per task)."""
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        self._tasks += 1
+        task.regent_name = f"task {self._tasks}: {getattr(coro, '__qualname__', type(coro).__name__)}"
+        return task
+
+    def task_name(self) -> str | None:
+        """The name of the task running now, for the record of a call it makes."""
+        task = asyncio.current_task(self)
+        return getattr(task, "regent_name", None)
 
     # --- what regent futures call ---------------------------------------------------------
 
@@ -218,12 +232,14 @@ def run(session: Session, main: Coroutine[Any, Any, Any]) -> Any:
     loop = SessionLoop(session)
     try:
         asyncio.set_event_loop(loop)
+        session._loop = loop
         return loop.run_until_complete(main)
     finally:
         try:
             _cancel_rest(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
+            session._loop = None
             asyncio.set_event_loop(None)
             loop.close()
 

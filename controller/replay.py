@@ -86,6 +86,10 @@ def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
                 if len(item) == 7:
                     s, k, a, m, d, pts, ts = item
                     yield Record(lsn, epoch, CALL, {"s": s, "k": k, "a": a, "m": m, "d": d, "pts": pts}, ts)
+                elif len(item) == 8:  # made by a task of an async program
+                    s, k, a, m, d, pts, ts, task = item
+                    yield Record(lsn, epoch, CALL, {"s": s, "k": k, "a": a, "m": m, "d": d, "pts": pts,
+                                                    "task": task}, ts)
                 else:
                     yield Record(lsn, epoch, RESULT, collected_result(item, session, lsn), item[-1])
         elif kind == RESULTS:
@@ -230,8 +234,8 @@ class ReplayIndex:
         calls = self.calls
         top = self.max_seq
         for item in rec.data["items"]:
-            if len(item) == 7:
-                s, k, a, m, d, pts, _ts = item
+            if len(item) in (7, 8):
+                s, k, a, m, d, pts = item[:6]
                 calls[s] = JournaledCall(s, k, a, m, d, tuple(pts))
                 if s > top:
                     top = s

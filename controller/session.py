@@ -75,6 +75,7 @@ class Session:
                      on_lost=self._on_leadership_lost)
         self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
         self.runtime, self._supervisor = edge.runtime, edge.supervisor
+        self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)
         self._checkpoints = Checkpoints(self)
         self._get_hook, self._flush_hook, self._decode_hook = self._get, self.runtime.flush, self._engine.decode
@@ -285,7 +286,9 @@ class Session:
             if isinstance(sink, StreamSink):  # the stream reads results from its call; other
                 sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
             if jc is None:
-                self._recorder.collect(engine.call_record(seq, kind, actor, method, digest, ranks, time.time()).item)
+                task = None if self._loop is None else self._loop.task_name()
+                self._recorder.collect(engine.call_record(seq, kind, actor, method, digest, ranks, time.time(),
+                                                          task).item)
             call.wire = Wire(wire_kind, base, frames, metas, procs, time.monotonic(), RESEND_FIRST_S,
                              many=len(ranks) > 1)
             for effect in engine.dispatch(jc, ranks, unavailable):

@@ -15,8 +15,10 @@ import pytest
 
 from regent.controller import Session
 from regent.controller.audit import replay_program
+from regent.controller.export import export_perfetto
 from regent.controller.loop import SessionLoop
 from regent.controller.replay import CALL, expand
+from regent.controller.timeline import timeline
 from regent.journal import open_journal
 from regent.worker import Actor, endpoint
 
@@ -123,6 +125,19 @@ async def _twice(mesh):
     return [await mesh.echo.call_one("x"), await mesh.echo.call_one("y")]
 
 
+def test_async_for_over_a_stream_yields_every_point_while_other_tasks_run(session):
+    mesh = session.spawn_procs(per_host={"procs": 3}).spawn("streamed", Echo)
+
+    async def main():
+        other = asyncio.ensure_future(mesh.slice(procs=0).echo.call_one("beside", 0.01))
+        got = [(point["procs"], value) async for point, value in mesh.echo.stream("s", 0.01)]
+        return sorted(got), await other
+
+    got, beside = session.run(main())
+    assert got == [(0, "s"), (1, "s"), (2, "s")]
+    assert beside == "beside"
+
+
 def test_a_task_left_running_is_cancelled_when_the_program_returns(session, pair):
     a, _ = pair
     cancelled = []
@@ -194,6 +209,15 @@ def test_an_audit_replays_an_async_program_to_the_same_observations_without_wait
         ckpt = j.read_checkpoint("audited-async")
     loops = [r.data for r in records if r.kind == CALL and r.data.get("k") == "loop"]
     assert any(d["m"] == "wake" for d in loops)  # choices were journaled
+    shown = "\n".join(timeline(records))
+    assert "event loop wake: the task awaiting seq" in shown
+    # The export has a track per task of the program (two call loops, the main task, ...).
+    trace = export_perfetto(records, "audited-async")["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in trace if e.get("name") == "process_name"}
+    (tasks_pid,) = [pid for pid, name in names.items() if name == "controller tasks"]
+    tracks = {e["args"]["name"] for e in trace if e.get("name") == "thread_name" and e["pid"] == tasks_pid}
+    assert sum("main.<locals>.loop" in t for t in tracks) == 2, tracks
+    assert any(e.get("ph") == "X" and e["pid"] == tasks_pid for e in trace)
     # Replaying, every choice comes from the journal and every deadline is in the past: the
     # loop never waits for the clock or a reply.
     waits: list[float | None] = []
