@@ -810,7 +810,7 @@ PARTS = ("failover", "overhead", "replay")
 
 
 def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool,
-          parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+          parts: tuple[str, ...] = PARTS, scenarios: tuple[str, ...] = ()) -> dict[str, Any]:
     started = time.perf_counter()
     rng = random.Random(seed)
     report: dict[str, Any] = {"bench": "failover", "quick": quick, "machine": machine(),
@@ -833,6 +833,9 @@ def bench(sizes: Sizes, quick: bool, seed: int, keep_workdir: bool,
                      Scenario("sqlite_ttl2", sqlite_url, 2.0, signal.SIGKILL),
                      Scenario("sqlite_ttl2_async", sqlite_url, 2.0, signal.SIGKILL, asyncio=True)]
             term.append(Scenario("sqlite", sqlite_url, 2.0, signal.SIGTERM))
+            if scenarios:  # --scenario: only those
+                kill = [scn for scn in kill if scn.name in scenarios]
+                term = [scn for scn in term if scn.name in scenarios]
             if "failover" in parts:
                 note(f"failover after SIGKILL: {sizes.runs} runs of {[s.name for s in kill]}")
                 report["failover_sigkill"] = run_failovers(programs, kill, sizes, rng)
@@ -892,6 +895,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", choices=PARTS, action="append",
                    help="run only this part (repeatable): failover (SIGKILL and SIGTERM), overhead "
                         "(the journal on the call path), replay")
+    p.add_argument("--scenario", action="append", default=[],
+                   help="with the failover part, run only this scenario (repeatable), e.g. sqlite_ttl2_async")
     p.add_argument("--json-out", type=Path, help="also write the JSON report to this file")
     p.add_argument("--overhead-child", metavar="JOURNAL", help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=Sizes.warmup, help=argparse.SUPPRESS)
@@ -911,7 +916,8 @@ def main(argv: list[str] | None = None) -> None:
     # In-process sessions (the overhead figure) log at WARNING; the programs keep INFO.
     os.environ.setdefault("REGENT_LOG_LEVEL", "WARNING")
     parts = tuple(a.only) if a.only else PARTS
-    run_and_report(lambda: bench(sizes, a.quick, a.seed, a.keep_workdir, parts), summary, a.json_out)
+    run_and_report(lambda: bench(sizes, a.quick, a.seed, a.keep_workdir, parts, tuple(a.scenario)), summary,
+                   a.json_out)
 
 
 if __name__ == "__main__":

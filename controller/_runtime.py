@@ -17,7 +17,6 @@ import select
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -29,6 +28,7 @@ from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
 from regent.controller.futures import Future
 from regent.controller.recorder import OutcomePort
+from regent.controller.refs import ProcRef
 from regent.wire import Kind, ProtocolError, schema
 from regent.wire.security import load_credentials, stop_authenticator
 from regent.wire.transport import (
@@ -58,49 +58,6 @@ _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server refused our key",
 }
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, _HANDSHAKE_FAILED)
-
-
-@dataclass
-class ProcRef:
-    """A proc as the controller knows it."""
-
-    id: str
-    index: int
-    address: str
-    pid: int
-    host: str
-    alive: bool = True
-    death: str = ""
-    key: str = ""  # stable across replacements: calls target it, deaths are matched by it
-    env: dict = field(default_factory=dict)  # what the host agent was asked to start it with
-    stopped: bool = False  # the program stopped it: not a failure, never restarted
-
-    def __post_init__(self) -> None:
-        self.key = self.key or self.id
-
-    def is_alive(self) -> bool:
-        return self.alive
-
-
-class Wire:
-    """What the edge keeps of a call to send it, and again under the same id."""
-
-    __slots__ = ("kind", "base", "frames", "metas", "procs", "sent_at", "wait", "_points")
-
-    def __init__(self, kind: Kind, base: dict, frames: Any, metas: list[dict] | None, procs: list[ProcRef],
-                 sent_at: float, wait: float, *, many: bool = False):
-        self.kind, self.base, self.frames, self.metas, self.procs = kind, base, frames, metas, procs
-        self.sent_at, self.wait = sent_at, wait  # when it was last sent; how long until overdue
-        # A call to several points packs their shared metadata once.
-        self._points = wire.PointMessages(kind, base, frames) if many and not metas else None
-
-    def message(self, rank: int) -> list:
-        """The call's message to one point."""
-        if self._points is not None:
-            return self._points.encode(rank)
-        if self.metas:
-            return wire.encode(self.kind, {**self.base, "pt": rank, **self.metas[rank]}, self.frames)
-        return wire.encode(self.kind, {**self.base, "pt": rank}, self.frames)
 
 
 class Runtime:

@@ -25,9 +25,10 @@ from typing import Any, Protocol
 
 import structlog
 
-from regent.controller._runtime import ProcRef, Runtime
+from regent.controller._runtime import Runtime
 from regent.controller.drive import Drive
 from regent.controller.ephemeral import NoJournal, NoWriter
+from regent.controller.refs import ProcRef
 from regent.controller.replay import START, SUPERVISION, ReplayIndex
 from regent.controller.supervisor import Supervisor
 from regent.journal import GroupCommitWriter, open_journal

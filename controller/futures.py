@@ -111,7 +111,9 @@ class Future(Generic[T]):
         # may be done where the primary's was not, and the task must not run ahead of the others.
         if not self.done() and self._on_wait is not None:
             self._on_wait()
-        yield from wait_on(self).__await__()
+        waiter = wait_on(self)
+        if waiter is not None:
+            yield from waiter.__await__()
         return self.get()
 
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from regent import wire
-from regent.controller._runtime import ProcRef
 from regent.controller.edge import sys_path
 from regent.controller.futures import point_of
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View
+from regent.controller.refs import ProcRef
 from regent.controller.replay import CALL, PROCS
 from regent.controller.supervisor import MeshState, policy_of
 from regent.wire import Kind

@@ -75,8 +75,14 @@ class SessionLoop(asyncio.BaseEventLoop):
 
     # --- what regent futures call ---------------------------------------------------------
 
-    def regent_wait_on(self, fut: Future) -> asyncio.Future:
-        """An asyncio future the awaiting task blocks on until the loop lets `fut` in."""
+    def regent_wait_on(self, fut: Future) -> asyncio.Future | None:
+        """An asyncio future the awaiting task blocks on until the loop lets `fut` in; None
+        when nothing else could run or wake meanwhile (no other task ready or awaiting, no
+        timer): the wake-up would be forced, so the task may simply wait for `fut` itself.
+        Both depend on the program alone, so a replay takes the same path."""
+        if not self._ready and not self._scheduled and all(a.waiter.done() for a in self._awaits):
+            self._stale = True
+            return None
         waiter = self.create_future()
         self._awaits.append(_Await(fut, waiter))
         return waiter

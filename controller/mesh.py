@@ -18,7 +18,7 @@ from regent.worker.actor import endpoint_names
 from regent.worker.system import ProcGroup
 
 if TYPE_CHECKING:
-    from regent.controller._runtime import ProcRef
+    from regent.controller.refs import ProcRef
     from regent.controller.session import Session
 
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import structlog
 
 from regent import wire
-from regent.controller._runtime import RESEND_FIRST_S, ProcRef, Wire
+from regent.controller._runtime import RESEND_FIRST_S
 from regent.controller.checkpoints import Checkpoints
 from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
@@ -31,6 +31,7 @@ from regent.controller.lifecycle import Lifecycle
 from regent.controller.loop import run as run_on_loop
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink
 from regent.controller.recorder import Recorder, append
+from regent.controller.refs import ProcRef, Wire
 from regent.controller.replay import END, JournaledCall, NonDeterminismError
 from regent.journal import LeadershipLost
 from regent.wire import Kind

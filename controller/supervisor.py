@@ -24,7 +24,8 @@ from regent.worker.errors import SupervisionError
 from regent.worker.supervision import MeshSupervisor, RestartPolicy
 
 if TYPE_CHECKING:
-    from regent.controller._runtime import ProcRef, Runtime
+    from regent.controller._runtime import Runtime
+    from regent.controller.refs import ProcRef
 
 log = structlog.get_logger("regent.supervisor")
 

@@ -130,6 +130,9 @@ async def paced_async(s: Session, cfg: Config, one, other, returned: float, took
         i += 1
         if s.replaying:
             replay_done = time.time()
+            # Not skipped while replaying, as the sequential loop's time.sleep is: a sleep reads
+            # the loop's journaled clock. Replaying, it does not wait.
+            await asyncio.sleep(cfg.pace_s)
             continue
         if live == 0:
             mark(cfg, "live", at=time.time(), replay_done_at=replay_done,

@@ -1,0 +1,56 @@
+"""What the controller's edge knows of a proc, and keeps of a call to send it (again).
+
+Plain data shared by the session, the runtime and the supervisor; a call's message is encoded
+in one place (`Wire.message`) for its first send and every resend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from regent import wire
+from regent.wire import Kind
+
+
+@dataclass
+class ProcRef:
+    """A proc as the controller knows it."""
+
+    id: str
+    index: int
+    address: str
+    pid: int
+    host: str
+    alive: bool = True
+    death: str = ""
+    key: str = ""  # stable across replacements: calls target it, deaths are matched by it
+    env: dict = field(default_factory=dict)  # what the host agent was asked to start it with
+    stopped: bool = False  # the program stopped it: not a failure, never restarted
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.id
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+class Wire:
+    """What the edge keeps of a call to send it, and again under the same id."""
+
+    __slots__ = ("kind", "base", "frames", "metas", "procs", "sent_at", "wait", "_points")
+
+    def __init__(self, kind: Kind, base: dict, frames: Any, metas: list[dict] | None, procs: list[ProcRef],
+                 sent_at: float, wait: float, *, many: bool = False):
+        self.kind, self.base, self.frames, self.metas, self.procs = kind, base, frames, metas, procs
+        self.sent_at, self.wait = sent_at, wait  # when it was last sent; how long until overdue
+        # A call to several points packs their shared metadata once.
+        self._points = wire.PointMessages(kind, base, frames) if many and not metas else None
+
+    def message(self, rank: int) -> list:
+        """The call's message to one point."""
+        if self._points is not None:
+            return self._points.encode(rank)
+        if self.metas:
+            return wire.encode(self.kind, {**self.base, "pt": rank, **self.metas[rank]}, self.frames)
+        return wire.encode(self.kind, {**self.base, "pt": rank}, self.frames)
