@@ -317,10 +317,13 @@ class ProcRuntime(_HostWatch):
             except ActorExit as e:
                 self._exit(slot, seq, point, e)
                 return
-            except BaseException as e:  # noqa: BLE001 - everything raised by user code goes back
-                if isinstance(e, SystemExit | KeyboardInterrupt):
-                    raise
+            except Exception as e:  # an error the endpoint raised: it goes back to the caller
                 self._finish_error(seq, slot.name, point, e)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
+                self._fail(slot, seq, point, method, e)
+                return
             else:
                 self._finish_value(seq, slot.name, point, value)
             finally:
@@ -338,12 +341,25 @@ class ProcRuntime(_HostWatch):
             return
         except Exception as e:
             self._finish_error(seq, slot.name, point, e)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the actor fails; its mailbox must not stay parked
+            if isinstance(e, asyncio.CancelledError) and self.stopping:
+                raise  # the proc is shutting down and cancels what runs
+            self._fail(slot, seq, point, method, e)
+            return
         else:
             self._finish_value(seq, slot.name, point, value)
         finally:
             _current.reset(token)
             self._async_running -= 1
         self._drain(slot)
+
+    def _fail(self, slot: _Slot, seq: int, point: int, method: str, e: BaseException) -> None:
+        """An endpoint raised a BaseException that is not an Exception (nor SystemExit or
+        KeyboardInterrupt, which stop the proc): the actor fails, as an abnormal exit. The
+        caller gets a SupervisionError, queued calls fail, and the mesh's restart policy applies."""
+        self._exit(slot, seq, point, ActorExit(f"{method} raised {type(e).__name__}: {e}", normal=False))
 
     def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit) -> None:
         """The actor stopped itself: this call reports it, queued calls fail, the actor is gone."""

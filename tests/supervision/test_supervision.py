@@ -181,3 +181,56 @@ def test_stopping_procs_stops_their_actors_and_supervision_leaves_them_stopped()
             mesh.slice(procs=0).info.call_one().get(timeout=5)
         assert mesh.slice(procs=1).info.call_one().get(timeout=5)[0] == pids[1]
         assert not [e for e in s._supervisor.events if e["ev"] == "restart"]
+
+
+class Fatal(BaseException):
+    """Not an Exception: an endpoint raising it cannot be answered with an ActorError."""
+
+
+class Raiser(Actor):
+    def __init__(self) -> None:
+        self.served = 0
+
+    @endpoint
+    async def fatal_async(self) -> None:
+        raise Fatal("async")
+
+    @endpoint
+    def fatal_sync(self) -> None:
+        raise Fatal("sync")
+
+    @endpoint
+    async def serve(self) -> tuple[int, int]:
+        self.served += 1
+        return context().incarnation, self.served
+
+
+@pytest.mark.parametrize("endpoint_name", ["fatal_async", "fatal_sync"])
+def test_a_base_exception_in_an_endpoint_fails_its_actor_and_the_policy_restarts_it(endpoint_name):
+    """Before, an async endpoint raising one parked the actor's mailbox for good: that call and
+    every later one hung. Now the actor fails as an abnormal exit (Monarch fails the actor too)."""
+    with Session(f"base-exception-{endpoint_name}") as s:
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("r", Raiser, restart="permanent")
+        assert mesh.serve.call_one().get(timeout=10) == (0, 1)
+        with pytest.raises(SupervisionError, match=rf"{endpoint_name} raised Fatal"):
+            getattr(mesh, endpoint_name).call_one().get(timeout=10)
+        deadline = time.monotonic() + 20
+        while True:  # the restart policy brings up a fresh instance, which answers
+            try:
+                assert mesh.serve.call_one().get(timeout=10) == (1, 1)
+                break
+            except SupervisionError:
+                assert time.monotonic() < deadline, "the failed actor was not restarted"
+                time.sleep(0.05)
+
+
+def test_without_supervision_later_calls_to_an_actor_failed_that_way_are_answered_not_hung():
+    with Session("base-exception-unsupervised") as s:
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("r", Raiser)
+        queued = [mesh.fatal_async.call_one(), mesh.serve.call_one()]
+        with pytest.raises(SupervisionError):
+            queued[0].get(timeout=10)
+        with pytest.raises(SupervisionError):
+            queued[1].get(timeout=10)  # it waited in the mailbox behind the failed call
+        with pytest.raises(SupervisionError):
+            mesh.serve.call_one().get(timeout=10)  # the actor is gone: "no actor", at once
