@@ -19,7 +19,7 @@ from typing import Any
 
 from regent.chaos.faults import FaultEvent
 from regent.chaos.ledger import Execution
-from regent.controller.replay import expand
+from regent.controller.replay import PROCS, SUPERVISION, expand
 
 __all__ = ["CALL_KINDS", "ChaosReport", "FaultEffect", "check_run", "percentile"]
 
@@ -85,7 +85,7 @@ class ChaosReport:
             f"  lost:            {len(self.lost)}",
             f"  duplicated:      {len(self.duplicated)}",
             f"  re-run:          {len(self.rerun_after_crash)} points ran again after the actor that ran them "
-            f"died (at-least-once across a crash, once per incarnation)",
+            f"died or its process was replaced (at-least-once across a crash, once per process and incarnation)",
             f"  unjournaled:     {len(self.unjournaled)}",
             f"  proc died:       {self.failed_points} points failed with SupervisionError (at most once each)",
             f"  timed out:       {self.timed_out_points} points past their deadline "
@@ -174,6 +174,30 @@ def check_run(
     return rep
 
 
+def _superseded(recs: Sequence[Any], pids: set[int]) -> set[int]:
+    """Proc processes the run's journal shows the session moved away from: those a
+    `proc_replaced` event replaced, and those it never names at all (a leader deposed before
+    it journaled starting them; the ranks went to the processes the journal does name).
+    A call run again on the next process of its rank is at-least-once across that change."""
+    pid_of: dict[str, int] = {}
+    replaced: set[str] = set()
+    for rec in recs:
+        d = rec.data if isinstance(rec.data, dict) else {}
+        if rec.kind == PROCS:
+            for p in d.get("procs") or []:
+                if isinstance(p, dict) and isinstance(p.get("id"), str) and isinstance(p.get("pid"), int):
+                    pid_of[p["id"]] = p["pid"]
+        elif rec.kind == SUPERVISION and d.get("ev") == "proc_replaced":
+            if isinstance(d.get("new"), str) and isinstance(d.get("pid"), int):
+                pid_of[d["new"]] = d["pid"]
+            if isinstance(d.get("old"), str):
+                replaced.add(d["old"])
+    if not pid_of:
+        return set()  # a journal without proc records says nothing either way
+    known = set(pid_of.values())
+    return {pid_of[i] for i in replaced if i in pid_of} | {p for p in pids if p not in known}
+
+
 def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Execution],
                  killed_pids: set[int] = frozenset()) -> None:
     calls: dict[int, dict] = {}
@@ -187,6 +211,7 @@ def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Exe
             results[(d["s"], d["pt"])] = d
         elif rec.kind == "obs" and d.get("w") == "timeout":
             timeouts.add(d["s"])
+    ended_pids = set(killed_pids) | _superseded(recs, {e.pid for e in executions})
     ran = Counter((e.mesh, e.method, e.digest, e.rank) for e in executions)
     where: dict[tuple, list[tuple[int, int]]] = {}
     newest: dict[tuple[str, int], int] = {}
@@ -196,11 +221,11 @@ def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Exe
 
     def rerun_after_crash(key: tuple) -> bool:
         """Each execution in its own incarnation, and every incarnation but one ended (its
-        process was killed, or the actor was rebuilt later): at-least-once, as promised."""
+        process was killed or replaced, or the actor was rebuilt later): at-least-once, as promised."""
         runs = where[key]
         if len(set(runs)) != len(runs):
             return False  # twice in one incarnation: a real duplicate
-        ended = [r for r in runs if r[0] in killed_pids or r[1] < newest[(key[0], key[3])]]
+        ended = [r for r in runs if r[0] in ended_pids or r[1] < newest[(key[0], key[3])]]
         return len(ended) >= len(runs) - 1
     explained: set[tuple] = set()
     for seq in sorted(calls):

@@ -69,3 +69,35 @@ def test_a_journaled_ok_result_that_never_ran_is_lost_and_an_unjournaled_run_is_
     rep = _check([Execution("w", 0, "square", "cd" * 16, 100, 0)])
     assert not rep.ok
     assert len(rep.lost) == 1 and len(rep.unjournaled) == 1
+
+
+def _with_procs(*extra: Record, pids: tuple[int, ...] = (100,)) -> list[Record]:
+    procs = [{"id": f"p{pid}", "idx": 0, "pid": pid, "addr": "tcp://127.0.0.1:1"} for pid in pids]
+    return [*_journal((5, 0, "ok")), Record(9, 1, "procs", {"s": 1, "procs": procs}, 0.0), *extra]
+
+
+def _check_journal(recs: list[Record], executions: list[Execution]):
+    return check_run("s", recs, executions, result={"out": [1], "sid": "s.r1"}, expected={"out": [1]},
+                     verify=SimpleNamespace(ok=True, problems=[]))
+
+
+def test_again_on_the_process_that_replaced_one_is_a_rerun_even_at_the_same_incarnation() -> None:
+    """Supervision replaced proc p100 with p200 (journaled); a restart event lost with a deposed
+    leader may leave both at one incarnation number."""
+    replaced = Record(10, 2, "sup", {"ev": "proc_replaced", "old": "p100", "new": "p200", "pid": 200}, 0.0)
+    rep = _check_journal(_with_procs(replaced), _ran((100, 2), (200, 2)))
+    assert rep.ok, rep.text()
+    assert not rep.duplicated and len(rep.rerun_after_crash) == 1
+
+
+def test_again_after_a_process_the_journal_never_names_is_a_rerun() -> None:
+    """p150 was started by a leader deposed before it journaled doing so: the run moved on to
+    the processes the journal names, which ran the call again."""
+    rep = _check_journal(_with_procs(pids=(100,)), _ran((150, 1), (100, 1)))
+    assert rep.ok, rep.text()
+    assert len(rep.rerun_after_crash) == 1
+
+
+def test_twice_in_two_processes_the_journal_names_and_never_replaced_is_a_duplicate() -> None:
+    rep = _check_journal(_with_procs(pids=(100, 200)), _ran((100, 0), (200, 0)))
+    assert not rep.ok and len(rep.duplicated) == 1
