@@ -62,10 +62,13 @@ _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or
 
 class Runtime:
     def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None, *,
-                 outcomes: OutcomePort | None = None, drive: Drive | None = None):
+                 outcomes: OutcomePort | None = None, drive: Drive | None = None,
+                 interrupt: Callable[[], None] | None = None):
         """`outcomes` journals each accepted outcome before the program sees it and says how far
         workers may drop results (controller.recorder); whoever holds `drive` steps `core`
-        and reads the inbox (the session's engine shares it)."""
+        and reads the inbox (the session's engine shares it); `interrupt()` runs at each poll
+        of a wait and may raise into the waiting program (a deferred SIGTERM hand-off)."""
+        self._interrupt = interrupt or _nothing
         self.session = session
         self.epoch = epoch
         self.core = core
@@ -286,6 +289,7 @@ class Runtime:
                     finally:
                         self._drain()
                         drive.release()
+                self._interrupt()
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
                 if drive.wanted or self._stop.is_set():
@@ -310,6 +314,7 @@ class Runtime:
                 self._drain()
             if drive.posted:
                 drive.run_posted()
+            self._interrupt()
         return True
 
     def _spin(self, done: Callable[[], bool], deadline: float | None) -> None:
@@ -564,3 +569,7 @@ class Runtime:
         self.inbox.close()
         stop_authenticator(self.ctx)
         self.ctx.destroy(linger=0)
+
+
+def _nothing() -> None:
+    """No interruption (a runtime outside a session)."""

@@ -18,6 +18,7 @@ import secrets
 import signal
 import socket
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -87,8 +88,37 @@ class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like Keyboa
     leaving workers and the run as they are."""
 
 
-def _raise_handoff(signum: int, frame: object) -> None:
-    raise Handoff("SIGTERM: handing the session over to a standby")
+_HANDOFF = "SIGTERM: handing the session over to a standby"
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../regent
+_REGENT_DIRS = tuple({_PACKAGE + os.sep} | {os.path.realpath(os.path.join(_PACKAGE, part)) + os.sep for part in (
+    "controller", "worker", "wire", "journal", "hipcore", "chaos", "cli")})
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib")})
+_handoff_pending = False
+
+
+def _raise_handoff(signum: int, frame: Any) -> None:
+    """SIGTERM: raise Handoff in the program, but never inside regent's own code (or a library
+    it called), where an exception between two frames of a message would leave half of it in
+    a socket and the next send would complete it with another's frames. There it is raised at
+    the next safe point (`raise_pending_handoff`): a session call, or a poll of a wait."""
+    global _handoff_pending
+    while frame is not None:  # from the innermost frame out, to the first that is not a library's
+        filename = frame.f_code.co_filename
+        if filename.startswith(_REGENT_DIRS):
+            _handoff_pending = True
+            return
+        if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
+            break  # the program's own code
+        frame = frame.f_back
+    raise Handoff(_HANDOFF)
+
+
+def raise_pending_handoff() -> None:
+    """Raise the Handoff a SIGTERM deferred, if one did (a safe point of the session's)."""
+    global _handoff_pending
+    if _handoff_pending:
+        _handoff_pending = False
+        raise Handoff(_HANDOFF)
 
 
 class RunFinished(SystemExit):
@@ -161,7 +191,8 @@ class LiveEdge:
         if self.replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         outcomes.use(self.writer)
-        self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive)
+        self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive,
+                               interrupt=raise_pending_handoff)
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
         self.supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                      sys_path())

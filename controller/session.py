@@ -24,7 +24,13 @@ from regent.controller._runtime import RESEND_FIRST_S
 from regent.controller.checkpoints import Checkpoints
 from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
-from regent.controller.edge import Handoff, RunFinished, journal_value_limit, open_edge
+from regent.controller.edge import (
+    Handoff,
+    RunFinished,
+    journal_value_limit,
+    open_edge,
+    raise_pending_handoff,
+)
 from regent.controller.engine import COLLECTED, Append, AwaitReads, Engine, Send
 from regent.controller.futures import Future
 from regent.controller.lifecycle import Lifecycle
@@ -171,6 +177,7 @@ class Session:
                                 abnormal=not outcome.meta.get("normal"))
 
     def _check_live(self) -> None:
+        raise_pending_handoff()  # a SIGTERM that came while regent's own code ran
         failed = self._failed()
         if failed is not None:
             raise failed
