@@ -134,11 +134,8 @@ class Runtime:
     def send_call(self, call: PendingCall, rank: int) -> None:
         """Queue a call's message to one point for its proc's next batch; a proc known dead
         answers at once. Caller holds the drive."""
-        proc = call.wire.procs[rank]
         try:
-            if not proc.alive:
-                raise PeerGone(proc.death or f"proc {proc.id} is dead")
-            self.outbox.peer(proc.address).queue(call.wire.message(rank), alive=proc.is_alive)
+            self.queue_to_proc(call.wire.procs[rank], call.wire.message(rank))
         except PeerGone as e:
             self.deliver_local(call, rank, Outcome("dead", {"em": str(e), "pt": rank}, []))
 

@@ -90,7 +90,7 @@ class SessionLoop(asyncio.BaseEventLoop):
     # --- the clock ------------------------------------------------------------------------
 
     def time(self) -> float:
-        if self._stale or self._vt is None:
+        if self._stale:  # true at first, so the clock is read (and journaled) before use
             self._stale = False
             self._vt = self._journaled("clock", b"", lambda: {"t": self._wall()})["t"]
         return self._vt
