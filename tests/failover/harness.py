@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
 import time
@@ -103,6 +105,50 @@ class Cluster:
                 raise TimeoutError(f"controller {pid} did not run {n} steps\n{self.log_tail()}")
             time.sleep(0.002)
         return True
+
+    def kill_leaders(self, n: int, rng: random.Random, max_live_steps: int) -> list[int]:
+        """SIGKILL n successive leaders, each at a random point: during its takeover (0 live
+        steps) or up to max_live_steps in, plus a sub-step delay so kills land inside calls;
+        a fresh standby follows each kill. The pids killed (fewer if the run finished)."""
+        killed: list[int] = []
+        while len(killed) < n:
+            pid = self.wait_leader(len(killed) + 1, timeout=60)
+            if not self.wait_live_steps(pid, rng.randint(0, max_live_steps)):
+                break  # the program finished before this kill point
+            time.sleep(rng.uniform(0.0, 0.01))
+            proc = self.by_pid(pid)
+            if proc.poll() is not None:
+                break
+            os.kill(pid, signal.SIGKILL)
+            proc.wait()
+            killed.append(pid)
+            self.start()
+        return killed
+
+    def pause_until_deposed(self, step: int) -> tuple[subprocess.Popen, int]:
+        """SIGSTOP the first leader at `step` until a standby leads, then let it run again.
+        Returns the old leader's process (exited) and the new leader's pid."""
+        old_pid = self.wait_leader(1)
+        old = self.by_pid(old_pid)
+        self.wait_step(old_pid, step)
+        # A standby still opening the SQLite file when the primary freezes inside a write
+        # would give up on the lock; one that stands by already only campaigns.
+        self.wait_standby()
+        os.kill(old_pid, signal.SIGSTOP)
+        try:
+            new_pid: int | None = self.wait_leader(2, timeout=self.ttl + 8)
+            time.sleep(0.3)  # the new leader fences workers and gets going
+        except TimeoutError:
+            # Only the embedded store may stall here: a process frozen inside a SQLite write
+            # holds the file's lock until it runs again (documented). Safety must still hold.
+            if not self.journal.startswith("sqlite"):
+                raise
+            new_pid = None
+        os.kill(old_pid, signal.SIGCONT)
+        if new_pid is None:
+            new_pid = self.wait_leader(2, timeout=30)
+        old.wait(timeout=30)
+        return old, new_pid
 
     def by_pid(self, pid: int) -> subprocess.Popen:
         return next(p for p in self.procs if p.pid == pid)

@@ -14,7 +14,6 @@ import json
 import os
 import random
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -58,23 +57,9 @@ def test_an_async_program_sees_the_same_wake_ups_in_the_same_order_across_20_kil
     rng = random.Random(int(os.environ.get("REGENT_TEST_SEED", "4321")))
     c.start()
     c.start()  # standby
-    pids: list[int] = []
-    leader = 1
-    while len(pids) < 20:
-        pid = c.wait_leader(leader, timeout=60)
-        if not c.wait_live_steps(pid, rng.randint(0, 4)):
-            break  # finished before this kill point
-        time.sleep(rng.uniform(0.0, 0.01))
-        proc = c.by_pid(pid)
-        if proc.poll() is not None:
-            break
-        os.kill(pid, signal.SIGKILL)
-        proc.wait()
-        pids.append(pid)
-        leader += 1
-        c.start()
+    pids = c.kill_leaders(20, rng, max_live_steps=4)
     assert len(pids) == 20, f"the program finished after {len(pids)} kills; make it longer"
-    final_pid = c.wait_leader(leader, timeout=60)
+    final_pid = c.wait_leader(len(pids) + 1, timeout=60)
     result = c.finish(c.by_pid(final_pid))
     final = result["out"]
     seen = [_observed(c, pid) for pid in pids]
@@ -94,22 +79,8 @@ def test_a_paused_async_primary_is_deposed_and_no_call_runs_twice(cluster):
     c = cluster
     c.start()
     c.start()
-    old_pid = c.wait_leader(1)
-    old = c.by_pid(old_pid)
-    c.wait_step(old_pid, 10)
-    c.wait_standby()
-    os.kill(old_pid, signal.SIGSTOP)
-    try:
-        new_pid = c.wait_leader(2, timeout=c.ttl + 8)
-        time.sleep(0.3)
-    except TimeoutError:
-        if not c.journal.startswith("sqlite"):  # a write frozen mid-way holds SQLite's lock
-            raise
-        new_pid = None
-    os.kill(old_pid, signal.SIGCONT)
-    if new_pid is None:
-        new_pid = c.wait_leader(2, timeout=30)
-    old.wait(timeout=30)
+    old, new_pid = c.pause_until_deposed(step=10)
+    old_pid = old.pid
     assert old.returncode != 0
     log = c.log_of(old_pid).read_text()
     assert "leadership" in log and "lost" in log, log[-3000:]

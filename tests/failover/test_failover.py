@@ -46,25 +46,9 @@ def test_standby_replays_to_each_kill_point_and_runs_every_call_once(cluster_fac
     rng = random.Random(int(os.environ.get("REGENT_TEST_SEED", "1234")))
     c.start()
     c.start()  # standby
-    kills = 0
-    leader = 1
-    while kills < 30:
-        pid = c.wait_leader(leader, timeout=60)
-        # A random point: during the takeover itself (0 steps), or a few live steps in,
-        # plus a random sub-step delay so kills also land inside calls.
-        if not c.wait_live_steps(pid, rng.randint(0, 8)):
-            break  # the program finished before this kill point
-        time.sleep(rng.uniform(0.0, 0.01))
-        proc = c.by_pid(pid)
-        if proc.poll() is not None:
-            break
-        os.kill(pid, signal.SIGKILL)
-        proc.wait()
-        kills += 1
-        leader += 1
-        c.start()  # the next standby
+    kills = len(c.kill_leaders(30, rng, max_live_steps=8))
     assert kills == 30, f"the program finished after {kills} kills; make it longer"
-    final = c.by_pid(c.wait_leader(leader, timeout=60))
+    final = c.by_pid(c.wait_leader(kills + 1, timeout=60))
     result = c.finish(final)
     assert result["out"] == expected["out"]
     check_exactly_once(result, steps)
@@ -77,27 +61,8 @@ def test_a_paused_primary_is_deposed_and_its_late_writes_are_refused(cluster_fac
     c = cluster_factory("zombie", steps=steps)
     c.start()
     c.start()
-    old_pid = c.wait_leader(1)
-    old = c.by_pid(old_pid)
-    c.wait_step(old_pid, 20)
-    # A standby still opening the SQLite file when the primary freezes inside a write
-    # would give up on the lock; one that stands by already only campaigns.
-    c.wait_standby()
-    os.kill(old_pid, signal.SIGSTOP)
-    try:
-        new_pid = c.wait_leader(2, timeout=c.ttl + 8)
-        time.sleep(0.3)  # the new leader fences workers and gets going
-    except TimeoutError:
-        # Only the embedded store may stall here: a process frozen inside a SQLite write
-        # holds the file's lock until it runs again (documented). Safety must still hold.
-        if not c.journal.startswith("sqlite"):
-            raise
-        new_pid = None
-    os.kill(old_pid, signal.SIGCONT)
-    if new_pid is None:
-        new_pid = c.wait_leader(2, timeout=30)
-    old.wait(timeout=30)
-    log = c.log_of(old_pid).read_text()
+    old, new_pid = c.pause_until_deposed(step=20)
+    log = c.log_of(old.pid).read_text()
     assert old.returncode != 0
     assert "leadership" in log and "lost" in log, log[-3000:]
     result = c.finish(c.by_pid(new_pid))
