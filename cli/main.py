@@ -17,10 +17,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _cmd_host(args: argparse.Namespace, rest: list[str]) -> int:
+    if any(a == "--cluster" or a.startswith("--cluster=") for a in rest):
+        from regent.cli.hosts import cluster_agent
+
+        return cluster_agent(rest)
     from regent.worker.host import main as host_main
 
     host_main(rest)
     return 0
+
+
+def _cmd_hosts(args: argparse.Namespace, rest: list[str]) -> int:
+    from regent.cli.hosts import hosts_ls
+
+    return hosts_ls(args.cluster, args.store, as_json=args.json)
 
 
 def _cmd_keys(args: argparse.Namespace, rest: list[str]) -> int:
@@ -194,7 +204,16 @@ def _parse_time(text: str | None) -> float | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="regent", description="regent: a fault-tolerant controller for PyTorch clusters")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("host", help="run this machine's host agent (options: regent host --help)", add_help=False)
+    sub.add_parser("host", help="run this machine's host agent; --cluster NAME joins a cluster "
+                              "(regent host --help, regent host --cluster X --help)", add_help=False)
+    hosts = sub.add_parser("hosts", help="the host agents registered in a cluster")
+    hosts_sub = hosts.add_subparsers(dest="hosts_command", required=True)
+    ls = hosts_sub.add_parser("ls", help="list a cluster's registered hosts, their state and age")
+    ls.add_argument("--cluster", default=os.environ.get("REGENT_CLUSTER"), required="REGENT_CLUSTER" not in os.environ,
+                    help="the cluster (default $REGENT_CLUSTER)")
+    ls.add_argument("--store", default=os.environ.get("REGENT_JOURNAL"),
+                    help="etcd://host:port or sqlite:///path (default $REGENT_JOURNAL)")
+    ls.add_argument("--json", action="store_true", help="the records as JSON")
     keys = sub.add_parser("keys", help="CURVE keys for non-loopback clusters")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     init = keys_sub.add_parser("init", help="create the cluster keypair in $REGENT_HOME/keys")
@@ -252,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_COMMANDS = {"host": _cmd_host, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal,
+_COMMANDS = {"host": _cmd_host, "hosts": _cmd_hosts, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal,
              "chaos": _cmd_chaos}
 
 

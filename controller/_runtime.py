@@ -63,7 +63,7 @@ _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or
 class Runtime:
     def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None, *,
                  outcomes: OutcomePort | None = None, drive: Drive | None = None,
-                 interrupt: Callable[[], None] | None = None):
+                 interrupt: Callable[[], None] | None = None, bind_host: str = "127.0.0.1"):
         """`outcomes` journals each accepted outcome before the program sees it and says how far
         workers may drop results (controller.recorder); whoever holds `drive` steps `core`
         and reads the inbox (the session's engine shares it); `interrupt()` runs at each poll
@@ -79,7 +79,7 @@ class Runtime:
         self._wanted = 0  # program threads reading the inbox themselves
         self.ctx = zmq.Context()
         self.creds = load_credentials()
-        self.inbox = Inbox(self.ctx, self.creds)
+        self.inbox = Inbox(self.ctx, self.creds, bind_host)
         # links (chaos testing): .connect(addr) routes our connections, .advertise(addr)
         # the address workers reply to; both default to the direct path.
         # A TCP connection that breaks loses what was on the wire (zmq reconnects, it
@@ -97,6 +97,7 @@ class Runtime:
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
         self.procs: dict[str, ProcRef] = {}
         self.hosts: dict[str, str] = {}  # host address -> last hello
+        self.lost_hosts: dict[str, str] = {}  # cluster hosts whose registration vanished -> why
         self._requests: dict[int, Future] = {}
         self._req_ids = itertools.count(1)
         self._stop = threading.Event()
@@ -146,6 +147,10 @@ class Runtime:
 
     def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
         """A request to a host agent, answered through the inbox."""
+        if host in self.lost_hosts:
+            from regent.worker.errors import SupervisionError
+
+            raise SupervisionError(f"cannot ask host agent at {host} to {op!r}: {self.lost_hosts[host]}")
         n = next(self._req_ids)
         fut: Future = Future()
         self._requests[n] = fut
@@ -194,6 +199,28 @@ class Runtime:
 
     def register_host(self, host: str) -> None:
         self.hosts[host] = host
+
+    def host_lost(self, host: str, reason: str) -> None:
+        """A cluster host is gone (controller/cluster.py): its procs are dead to this session and
+        requests to it fail at once. Caller holds the drive."""
+        self.lost_hosts[host] = reason
+        self.hosts.pop(host, None)
+        for proc in list(self.procs.values()):
+            if proc.host == host:
+                self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is unreachable: {reason}")
+
+    def host_back(self, old: str, new: str) -> None:
+        """A lost host registered again: it serves new requests, and the procs this session gave
+        up there are told to stop (if the agent never hears it, their orphan timeout ends them).
+        Caller holds the drive."""
+        self.lost_hosts.pop(old, None)
+        self.lost_hosts.pop(new, None)
+        self.register_host(new)
+        stale = [p.id for p in self.procs.values() if p.host == old and not p.alive]
+        if stale:
+            stop = {"sid": self.session, "e": self.epoch, "op": "stop_procs", "n": 0, "rt": self.reply_address,
+                    "ids": stale}
+            self.outbox.peer(new).try_send(wire.encode(Kind.HOST_REQ, stop))
 
     def on_proc_death(self, cb: Callable[[ProcRef], None]) -> None:
         self._on_proc_death.append(cb)

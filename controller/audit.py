@@ -204,6 +204,17 @@ class _NoLead:
         raise AuditGap("the program tried to store a new checkpoint: an audit only reads")
 
 
+class _JournaledClusters:
+    """An audit's clusters: the hosts a run picked are in the journal; none are asked anything."""
+
+    def pick(self, cluster: str, n: int, timeout_s: float) -> list[dict]:
+        raise AuditGap(f"the program picked {n} hosts of cluster {cluster!r}, and the journal does not say "
+                       "which it got")
+
+    def attach(self, cluster: str, entry: dict, replaying: bool) -> str:
+        return entry["addr"]
+
+
 class AuditEdge:
     """The journal-only edge a program's Session gets inside an audit (see the module docstring)."""
 
@@ -263,6 +274,9 @@ class AuditEdge:
 
     def attach_host(self, host: str) -> str:
         return host
+
+    def clusters(self) -> _JournaledClusters:
+        return _JournaledClusters()
 
     @staticmethod
     def local_host() -> str:

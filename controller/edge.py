@@ -27,12 +27,14 @@ from typing import Any, Protocol
 import structlog
 
 from regent.controller._runtime import Runtime
+from regent.controller.cluster import ClusterHosts, controller_address
 from regent.controller.drive import Drive
 from regent.controller.ephemeral import NoJournal, NoWriter
 from regent.controller.refs import ProcRef
 from regent.controller.replay import START, SUPERVISION, ReplayIndex
 from regent.controller.supervisor import Supervisor
 from regent.journal import GroupCommitWriter, open_journal
+from regent.wire.security import secure_requested
 from regent.worker.dedupe import LARGE_RESULT_BYTES
 from regent.worker.discovery import ensure_local_host
 
@@ -171,6 +173,7 @@ class LiveEdge:
         self.run_id = previous.run if resuming else secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
         self.journaled = journal != "off"
+        self._clusters: ClusterHosts | None = None
         self._links = links
         self._orphan_timeout_s = orphan_timeout_s
         self._gc_frozen = False
@@ -192,7 +195,8 @@ class LiveEdge:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         outcomes.use(self.writer)
         self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive,
-                               interrupt=raise_pending_handoff)
+                               interrupt=raise_pending_handoff,
+                               bind_host=controller_address(self.journal_url, secure_requested()))
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
         self.supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                      sys_path())
@@ -220,9 +224,21 @@ class LiveEdge:
             self._gc_frozen = False
             gc.unfreeze()
 
+    def clusters(self) -> ClusterHosts:
+        """The cluster hosts this session uses (made on first use: most sessions use none)."""
+        if self._clusters is None:
+            if self.journal_url == "off" or not self.journaled:
+                raise ValueError("a session without a journal (journal='off') cannot use cluster hosts: "
+                                 "hosts register in the store, so pass the session its journal url")
+            self._clusters = ClusterHosts(self.journal.backend, self.runtime,
+                                          lambda ev, **d: self.supervisor.note(ev, **d), self.runtime.drive.post)
+        return self._clusters
+
     def _fence_known_workers(self) -> None:
         """Before anything else, raise every known worker's epoch to ours (invariant 5)."""
         hosts = {jc.value for jc in self.replay.calls.values() if jc.kind == "this_host"}
+        hosts |= {h.get("addr") for jc in self.replay.calls.values() if jc.kind == "host_mesh"
+                  and isinstance(jc.value, dict) for h in jc.value.get("hosts") or [] if isinstance(h, dict)}
         runtime = self.runtime
         for host in sorted(h for h in hosts if isinstance(h, str)):
             try:
@@ -287,6 +303,8 @@ class LiveEdge:
     def close(self, *, deposed: bool) -> None:
         """Release everything; resign unless deposed."""
         try:
+            if self._clusters is not None:
+                self._clusters.close()
             self.supervisor.close()
             self.runtime.close()
             try:

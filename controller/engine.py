@@ -319,8 +319,10 @@ class Engine:
     # --- values the program asks the session for --------------------------------------
 
     @staticmethod
-    def value_record(seq: int, kind: str, stored: Any) -> Append:
-        return Append(CALL, {"s": seq, "k": kind, "a": kind, "m": kind, "v": stored}, durable=True)
+    def value_record(seq: int, kind: str, stored: Any, actor: str | None = None, method: str | None = None) -> Append:
+        """A value the program observed; `actor` and `method` (default: the kind) are what a
+        replay checks the program asks for again (host_mesh: the cluster and the count)."""
+        return Append(CALL, {"s": seq, "k": kind, "a": actor or kind, "m": method or kind, "v": stored}, durable=True)
 
     @staticmethod
     def loop_record(seq: int, what: str, digest: bytes, value: dict) -> Append:

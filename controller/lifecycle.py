@@ -18,7 +18,9 @@ from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, Vi
 from regent.controller.refs import ProcRef
 from regent.controller.replay import CALL, PROCS
 from regent.controller.supervisor import MeshState, policy_of
+from regent.journal.hosts import check_name, literal_address
 from regent.wire import Kind
+from regent.wire.security import is_loopback
 from regent.worker.classref import class_ref
 from regent.worker.errors import SupervisionError
 from regent.worker.supervision import MeshSupervisor
@@ -44,6 +46,39 @@ class Lifecycle:
             host = s._value("this_host", s._edge.local_host)
             self.hosts.append(s._edge.attach_host(host))
         return HostMesh(s, list(self.hosts))
+
+    def host_mesh(self, hosts: int, cluster: str | None, timeout_s: float) -> HostMesh:
+        """`hosts` hosts of a cluster registered in the store; which ones is journaled, so a
+        replay gets the same ones back (those that are gone meanwhile are lost hosts)."""
+        cluster = cluster or os.environ.get("REGENT_CLUSTER")
+        if not cluster:
+            raise ValueError("name the cluster: s.host_mesh(hosts=N, cluster=NAME), or set REGENT_CLUSTER")
+        check_name(cluster, "cluster name")
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
+            raise ValueError(f"hosts={hosts!r}: ask for a positive number of hosts")
+        s = self.s
+        clusters = s._edge.clusters()
+        seq, jc = s._begin("host_mesh", cluster, str(hosts))
+        if jc is not None:
+            s._engine.stats["replayed"] += 1
+            picked = _journaled_pick(seq, jc.value, cluster, hosts)
+        else:
+            picked = {"cluster": cluster, "hosts": clusters.pick(cluster, hosts, timeout_s)}
+            self._check_reachable(cluster, picked["hosts"])
+            s._do(s._engine.value_record(seq, "host_mesh", picked, cluster, str(hosts)))
+        s._finished(seq)
+        addresses = [clusters.attach(cluster, entry, jc is not None) for entry in picked["hosts"]]
+        return HostMesh(s, addresses)
+
+    def _check_reachable(self, cluster: str, entries: list[dict]) -> None:
+        """Hosts off loopback reply to this controller's address: it must not be loopback."""
+        remote = [e for e in entries if not is_loopback(e["addr"].removeprefix("tcp://").rpartition(":")[0])]
+        reply = self.s.runtime.reply_address
+        if remote and is_loopback(reply.removeprefix("tcp://").rpartition(":")[0]):
+            raise RuntimeError(
+                f"host {remote[0]['id']} of cluster {cluster!r} is at {remote[0]['addr']}, but this controller "
+                f"listens on {reply}, which that host cannot reach: set REGENT_SECURE=1 (with the cluster's "
+                "keys from `regent keys init`) and REGENT_ADVERTISE=<this machine's IP as the hosts reach it>")
 
     def spawn_procs(self, hosts: list[str], per_host: dict[str, int]) -> ProcMesh:
         if len(per_host) != 1:
@@ -81,7 +116,7 @@ class Lifecycle:
             if ref is None:
                 ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], p["host"], env=p.get("env") or {})
                 # Known from the journal but not reported alive by its host: it died meanwhile.
-                if jc is not None and runtime.hosts:
+                if jc is not None and (runtime.hosts or ref.host in runtime.lost_hosts):
                     with runtime.drive:
                         runtime.mark_dead(ref, f"proc {ref.id} (pid {ref.pid}) is gone")
                 runtime.procs[ref.id] = ref
@@ -161,3 +196,14 @@ class Lifecycle:
         s._finished(seq)
 
 
+
+
+def _journaled_pick(seq: int, value: Any, cluster: str, n: int) -> dict:
+    """The host_mesh pick a journal holds, checked as the untrusted input it is."""
+    entries = value.get("hosts") if isinstance(value, dict) else None
+    if (not isinstance(entries, list) or len(entries) != n or value.get("cluster") != cluster
+            or not all(isinstance(e, dict) and isinstance(e.get("id"), str) and literal_address(e.get("addr"))
+                       and isinstance(e.get("inc"), str) for e in entries)):
+        raise ValueError(f"the journal's host_mesh record at seq {seq} is malformed (not {n} hosts of cluster "
+                         f"{cluster!r} with literal addresses): run `regent journal verify` on the session")
+    return value

@@ -78,6 +78,16 @@ class HostMesh:
     def dims(self) -> dict[str, int]:
         return {"hosts": len(self._hosts)}
 
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def slice(self, hosts: int | slice) -> HostMesh:
+        """Some of these hosts: hosts=i (one) or hosts=slice(a, b)."""
+        picked = self._hosts[hosts] if isinstance(hosts, slice) else [self._hosts[hosts]]
+        if not picked:
+            raise ValueError(f"hosts={hosts!r} selects none of {len(self._hosts)} hosts")
+        return HostMesh(self._session, picked)
+
     def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
         """Start procs on every host: per_host={"procs": N} (or {"gpus": N}, one GPU each)."""
         return self._session._lifecycle.spawn_procs(self._hosts, dict(per_host or {"procs": 1}))

@@ -384,6 +384,13 @@ class Session:
         """The machine this controller runs on (the journal remembers which it was)."""
         return self._lifecycle.this_host()
 
+    def host_mesh(self, hosts: int, cluster: str | None = None, timeout_s: float = 60.0) -> HostMesh:
+        """`hosts` machines of a cluster, as a HostMesh with dims {"hosts": N}: it waits up to
+        `timeout_s` for that many host agents to be registered in the store (`regent host
+        --cluster NAME`). `cluster` defaults to $REGENT_CLUSTER. Which hosts it got is
+        journaled: a standby replaying the program gets the same ones."""
+        return self._lifecycle.host_mesh(hosts, cluster, timeout_s)
+
     def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
         """Procs on this host: shorthand for `s.this_host().spawn_procs(per_host)`."""
         return self.this_host().spawn_procs(per_host)

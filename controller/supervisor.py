@@ -98,6 +98,10 @@ class Supervisor:
         state.ready[rank].clear()  # calls wait until the supervisor decides
         self._queue.put((mesh, rank, reason, abnormal))
 
+    def note(self, ev: str, **data: Any) -> None:
+        """Journal a supervision event that happened outside this supervisor (a host lost)."""
+        self._event(ev, **data)
+
     def _event(self, ev: str, **data: Any) -> None:
         entry = {"ev": ev, "t": time.time(), **data}
         self.events.append(entry)

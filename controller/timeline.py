@@ -77,6 +77,9 @@ def _describe(rec, actor: str, method: str) -> str:
         kind = d.get("k")
         if "v" in d and kind in ("now", "random", "this_host"):
             return f"seq {d['s']:<6} {kind}() = {d['v']!r}"
+        if kind == "host_mesh" and isinstance(d.get("v"), dict):
+            hosts = [h.get("id") for h in d["v"].get("hosts") or [] if isinstance(h, dict)]
+            return f"seq {d['s']:<6} host_mesh(cluster={d.get('a')!r}) = {hosts}"
         if kind in ("side_effect", "resume", "checkpoint"):
             return f"seq {d['s']:<6} {kind}()"
         if kind == "loop":

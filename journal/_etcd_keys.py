@@ -31,3 +31,15 @@ def checkpoint_key(session: str) -> bytes:
 
 def compacted_key(session: str) -> bytes:
     return session_prefix(session) + b"compacted"
+
+
+# Clusters live beside the sessions: /regent/clusters/<cluster>/hosts/<host id>.
+CLUSTERS = ROOT + b"clusters/"
+
+
+def host_prefix(cluster: str) -> bytes:
+    return CLUSTERS + cluster.encode() + b"/hosts/"
+
+
+def host_key(cluster: str, host_id: str) -> bytes:
+    return host_prefix(cluster) + host_id.encode()

@@ -105,6 +105,16 @@ class LogSnapshot:
         self.close()
 
 
+@dataclass(frozen=True)
+class HostLease:
+    """A host agent's registration in a cluster: its key lives while the lease is renewed."""
+
+    cluster: str
+    host_id: str
+    lease_id: int | str  # etcd's lease id; SQLite's row token
+    ttl_s: float
+
+
 class Backend(Protocol):
     url: str
     # How often a standby polls for a free leader slot.
@@ -178,6 +188,20 @@ class Backend(Protocol):
     def put_compacted(self, session: str, value: bytes) -> None: ...
 
     def session_names(self) -> list[str]: ...
+
+    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float) -> HostLease:
+        """Register host `host_id` of `cluster` (replacing any earlier registration of that id)
+        under a fresh lease of `ttl_s`: the entry vanishes when the lease is not renewed."""
+
+    def renew_host(self, lease: HostLease) -> bool:
+        """Renew a host's lease; False once it has expired or the entry was replaced (the
+        agent must join again, as a new incarnation). Raises on transient errors."""
+
+    def leave_cluster(self, lease: HostLease) -> None:
+        """Remove the registration now (best effort: it expires anyway)."""
+
+    def cluster_hosts(self, cluster: str) -> list[tuple[str, bytes]]:
+        """(host id, value) of every host of `cluster` whose lease still runs, by id."""
 
     def delete_session(self, session: str) -> None: ...
 

@@ -35,16 +35,19 @@ from tenacity import (
 from ._etcd_auth import EtcdAuth
 from ._etcd_errors import describe, details, is_transient, rpc_error, tls_refused
 from ._etcd_keys import (
+    CLUSTERS,
     ROOT,
     checkpoint_key,
     compacted_key,
+    host_key,
+    host_prefix,
     leader_key,
     log_key,
     log_prefix,
     session_prefix,
 )
 from ._etcd_snapshot import SnapshotReader
-from .backend import Grant, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
+from .backend import Grant, HostLease, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
 from .errors import JournalError, JournalUnavailable, LeadershipLost
 from .etcd_target import ENV_CA, EtcdTarget
@@ -507,8 +510,39 @@ class EtcdStore:
             if not resp.kvs:
                 return names
             name = resp.kvs[0].key[len(ROOT) :].split(b"/", 1)[0]
-            names.append(name.decode())
+            if ROOT + name + b"/" != CLUSTERS:  # host registrations, not a session
+                names.append(name.decode())
             start = ROOT + name + b"0"  # "0" sorts right after "/"
+
+    # host registration
+
+    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float) -> HostLease:
+        lease = self._retry(lambda: self._client.lease(max(1, math.ceil(ttl_s))), what="grant host lease")
+        try:
+            self._retry(lambda: self._client.put(host_key(cluster, host_id), value, lease.id),
+                        what="register host")
+        except BaseException:
+            self._revoke_quietly(lease.id)
+            raise
+        return HostLease(cluster, host_id, lease.id, float(lease.ttl))
+
+    def renew_host(self, lease: HostLease) -> bool:
+        grant = Grant(lease.cluster, lease.host_id, 0, int(lease.lease_id), lease.ttl_s, 0.0)
+        if not self.refresh(grant):
+            return False
+        # The entry is ours only while it still carries our lease (an agent started again
+        # under the same id has replaced it).
+        _, meta = self._auth.with_token(
+            self._keepalive_client, lambda: self._keepalive_client.get(host_key(lease.cluster, lease.host_id)))
+        return meta is not None and meta.lease_id == lease.lease_id
+
+    def leave_cluster(self, lease: HostLease) -> None:
+        self._revoke_quietly(int(lease.lease_id))
+
+    def cluster_hosts(self, cluster: str) -> list[tuple[str, bytes]]:
+        prefix = host_prefix(cluster)
+        found = self._retry(lambda: list(self._client.get_prefix(prefix)), what="list hosts")
+        return sorted((meta.key[len(prefix):].decode("utf-8", "replace"), value) for value, meta in found)
 
     def delete_session(self, session: str) -> None:
         prefix = session_prefix(session)

@@ -28,7 +28,10 @@ _FORBIDDEN_IN_NAMES = ("/", "\0")
 
 
 def default_url() -> str:
-    """sqlite at $REGENT_HOME/journal.db (default ~/.regent/journal.db)."""
+    """$REGENT_JOURNAL when set (a launcher's way to configure a program without editing it),
+    else sqlite at $REGENT_HOME/journal.db (default ~/.regent/journal.db)."""
+    if os.environ.get("REGENT_JOURNAL"):
+        return os.environ["REGENT_JOURNAL"]
     home = os.environ.get("REGENT_HOME") or str(Path.home() / ".regent")
     return f"sqlite://{Path(home).expanduser().resolve() / 'journal.db'}"
 
@@ -36,6 +39,8 @@ def default_url() -> str:
 def _check_session(session: str) -> None:
     if not isinstance(session, str) or not session:
         raise ValueError(f"a session name must be a non-empty str, got {session!r}")
+    if session == "clusters":  # etcd keeps host registrations under /regent/clusters/
+        raise ValueError("the session name 'clusters' is reserved for host registrations: choose another")
     if any(c in session for c in _FORBIDDEN_IN_NAMES) or len(session) > 200:
         raise ValueError(
             f"session name {session!r} may not contain '/' or NUL and must be at most 200 "
@@ -49,7 +54,8 @@ def open_journal(url: str | None = None) -> Journal:
 
     etcd urls may add `user=NAME` (password from $REGENT_ETCD_PASSWORD, never the url); a
     plain etcd:// url uses TLS when $REGENT_ETCD_CA, _CERT or _KEY is set (see etcd_target.py).
-    None opens the embedded default, SQLite at $REGENT_HOME/journal.db (~/.regent/journal.db).
+    None opens $REGENT_JOURNAL if set, else the embedded default, SQLite at
+    $REGENT_HOME/journal.db (~/.regent/journal.db).
     Raises JournalUnavailable, naming the address and what to do, if the store is unreachable,
     JournalAccessDenied if it refuses this client's certificate, user or password, and
     UntrustedJournal if a SQLite file (or its -wal, -shm or directory) is another user's

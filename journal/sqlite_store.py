@@ -13,6 +13,7 @@ version before these leases) is judged on the wall clock, as that version judged
 from __future__ import annotations
 
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 import structlog
 import tenacity
 
-from .backend import Grant, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
+from .backend import Grant, HostLease, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
 from .errors import JournalError, JournalUnavailable, LeadershipLost, UntrustedJournal
 from .trust import prepare_journal_file
@@ -40,6 +41,10 @@ CREATE TABLE IF NOT EXISTS log (
     PRIMARY KEY (session, first_lsn));
 CREATE TABLE IF NOT EXISTS checkpoint (session TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS compacted (session TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS hosts (
+    cluster TEXT NOT NULL, id TEXT NOT NULL, body BLOB NOT NULL, token TEXT NOT NULL,
+    ttl REAL NOT NULL, expires_at REAL NOT NULL, mono_expires_at REAL, clock TEXT,
+    PRIMARY KEY (cluster, id));
 """
 
 # Columns added to `leader` since the first version: the monotonic expiry and its clock.
@@ -467,6 +472,47 @@ class SqliteStore:
             .fetchall()
         )
         return [r[0] for r in rows]
+
+    # host registration: rows with a lease of their own, judged as leader rows are
+
+    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float) -> HostLease:
+        token = secrets.token_hex(8)
+        wall, mono = self._expiries(ttl_s)
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO hosts (cluster, id, body, token, ttl, expires_at, "
+                "mono_expires_at, clock) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (cluster, host_id, value, token, ttl_s, wall, mono, self._clock),
+            )
+        return HostLease(cluster, host_id, token, ttl_s)
+
+    def renew_host(self, lease: HostLease) -> bool:
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT token, expires_at, mono_expires_at, clock FROM hosts WHERE cluster = ? AND id = ?",
+                (lease.cluster, lease.host_id),
+            ).fetchone()
+            if row is None or row[0] != lease.lease_id or not self._live(row[1], row[2], row[3]):
+                return False
+            wall, mono = self._expiries(lease.ttl_s)
+            conn.execute(
+                "UPDATE hosts SET expires_at = ?, mono_expires_at = ?, clock = ? "
+                "WHERE cluster = ? AND id = ? AND token = ?",
+                (wall, mono, self._clock, lease.cluster, lease.host_id, lease.lease_id),
+            )
+        return True
+
+    def leave_cluster(self, lease: HostLease) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM hosts WHERE cluster = ? AND id = ? AND token = ?",
+                         (lease.cluster, lease.host_id, lease.lease_id))
+
+    def cluster_hosts(self, cluster: str) -> list[tuple[str, bytes]]:
+        rows = self._conn().execute(
+            "SELECT id, body, expires_at, mono_expires_at, clock FROM hosts WHERE cluster = ? ORDER BY id",
+            (cluster,),
+        ).fetchall()
+        return [(r[0], bytes(r[1])) for r in rows if self._live(r[2], r[3], r[4])]
 
     def delete_session(self, session: str) -> None:
         # The epoch counter stays: a recreated session must still never reuse an epoch.

@@ -183,10 +183,15 @@ class Credentials:
         return LoopbackKeys.derive(self.secret)
 
 
+def secure_requested() -> bool:
+    """REGENT_SECURE=1: this process uses the cluster's CURVE keys (any non-loopback socket must)."""
+    return os.environ.get("REGENT_SECURE", "") == "1"
+
+
 def load_credentials(secure: bool | None = None) -> Credentials:
     """Credentials for this process. secure=None means: CURVE if REGENT_SECURE=1."""
     if secure is None:
-        secure = os.environ.get("REGENT_SECURE", "") == "1"
+        secure = secure_requested()
     if not secure:
         return Credentials(local_secret())
     secret_file = keys_dir() / "regent.key_secret"

@@ -141,7 +141,10 @@ def valid_address(addr: object) -> bool:
 class Inbox:
     """The one bound, authenticated PULL socket of a process."""
 
-    def __init__(self, ctx: zmq.Context, creds: Credentials, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, ctx: zmq.Context, creds: Credentials, host: str = "127.0.0.1", port: int = 0,
+                 advertise: str | None = None):
+        """Bind `host` (an interface's literal address, or 0.0.0.0); peers are told
+        `advertise` (default: `host`), the address they reach this one at."""
         self.sock = ctx.socket(zmq.PULL)
         secure_server(self.sock, creds, host)
         self.sock.rcvhwm = HWM
@@ -152,7 +155,7 @@ class Inbox:
             self.sock.bind(f"tcp://{host}:{port}")
         else:
             port = self.sock.bind_to_random_port(f"tcp://{host}")
-        self.address = f"tcp://{host}:{port}"
+        self.address = f"tcp://{advertise or host}:{port}"
 
     def pending(self) -> Iterator[list]:
         """Every message already waiting and within the size limit, without blocking (the

@@ -19,9 +19,28 @@ from regent.wire.security import regent_home
 from regent.wire.transport import valid_address
 from regent.worker import procinfo
 
+HOST_FILE_ENV = "REGENT_HOST_FILE"  # set by a cluster agent (one of several on a machine) for its procs
+HOST_CMD_ENV = "REGENT_HOST_CMD"  # JSON argv that starts that agent again, for its procs
+
 
 def host_file() -> Path:
-    return regent_home() / "host.json"
+    named = os.environ.get(HOST_FILE_ENV)
+    return Path(named) if named else regent_home() / "host.json"
+
+
+def _agent_command(log_path: Path) -> list[str]:
+    """How to start this machine's agent in the background: the command a cluster agent
+    left for its procs (so a successor joins the same cluster), else the plain agent."""
+    named = os.environ.get(HOST_CMD_ENV)
+    if named:
+        try:
+            cmd = json.loads(named)
+        except ValueError:
+            cmd = None
+        if isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd):
+            return [*cmd, "--daemonize", "--log", str(log_path)]
+        raise RuntimeError(f"${HOST_CMD_ENV} is not a JSON list of strings: {named[:200]!r}")
+    return [sys.executable, "-m", "regent.worker.host", "--daemonize", "--log", str(log_path)]
 
 
 def host_record() -> dict | None:
@@ -72,13 +91,13 @@ def ensure_local_host(timeout: float = 30.0, env: dict[str, str] | None = None) 
     info = live_host_record()
     if info:
         return info["address"]
-    lock_path = regent_home() / "host.lock"
+    lock_path = host_file().with_suffix(".lock")
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         info = live_host_record()
         if info:
             return info["address"]
-        log_path = regent_home() / "host.log"
+        log_path = host_file().with_suffix(".log")
         # The launcher forks the agent and exits at once, so the agent is never a
         # child of this (controller) process: SIGKILL of the controller spares it.
         if env is None:
@@ -87,10 +106,7 @@ def ensure_local_host(timeout: float = 30.0, env: dict[str, str] | None = None) 
             # folder that holds regent/ (the checkout, or site-packages for a wheel)
             root = str(Path(str(sys.modules["regent"].__file__)).resolve().parents[1])
             env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)}
-        subprocess.run(
-            [sys.executable, "-m", "regent.worker.host", "--daemonize", "--log", str(log_path)],
-            env=env, check=True, stdin=subprocess.DEVNULL,
-        )
+        subprocess.run(_agent_command(log_path), env=env, check=True, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = live_host_record()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 
 import structlog
 import zmq
@@ -55,9 +56,10 @@ class HostAgent(_Adoption):
     epoch fence is kept (default $REGENT_HOME/fences), so a successor starts from it."""
 
     def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0,
-                 succeeds: dict | None = None, fences: FenceStore | None = None):
+                 succeeds: dict | None = None, fences: FenceStore | None = None, advertise: str | None = None):
         self.ctx = zmq.Context()
         self.creds = load_credentials()
+        self.advertise = advertise or bind_host
         self.inbox = self._bind(bind_host, port, succeeds)
         self.outbox = Outbox(self.ctx, self.creds)
         self.bind_host = bind_host
@@ -78,13 +80,13 @@ class HostAgent(_Adoption):
         name a host agent by address, so a successor there is the same agent to them."""
         if not port and succeeds:
             host, _, old_port = str(succeeds.get("address", "")).removeprefix("tcp://").rpartition(":")
-            if host == bind_host and old_port.isdigit():
+            if host == self.advertise and old_port.isdigit():
                 try:
-                    return Inbox(self.ctx, self.creds, bind_host, int(old_port))
+                    return Inbox(self.ctx, self.creds, bind_host, int(old_port), self.advertise)
                 except zmq.ZMQError as e:
                     log.warning("cannot take over the dead host agent's address; controllers that "
                                 "knew it will not find this agent", address=succeeds["address"], error=str(e))
-        return Inbox(self.ctx, self.creds, bind_host, port)
+        return Inbox(self.ctx, self.creds, bind_host, port, self.advertise)
 
     # --- main loop ---------------------------------------------------------------
 
@@ -300,7 +302,7 @@ class HostAgent(_Adoption):
         popen = subprocess.Popen(
             [sys.executable, "-m", "regent.worker.proc", "--session", sid, "--index", str(index),
              "--id", proc_id, "--host-inbox", self.inbox.address, "--bind-host", self.bind_host,
-             "--host-pid", str(os.getpid()), "--orphan-s", repr(state.orphan_timeout_s),
+             "--advertise", self.advertise, "--host-pid", str(os.getpid()), "--orphan-s", repr(state.orphan_timeout_s),
              "--epoch", str(state.fence.epoch), *origin],
             env=env, stdin=subprocess.DEVNULL, start_new_session=True,
         )
@@ -458,6 +460,52 @@ def _bound_env(env: dict[str, str]) -> dict[str, str]:
 
 
 
+def daemonize(log_path: str | None) -> None:
+    """Fork into the background (a new session, never the caller's child), output to `log_path`."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    fd = os.open(log_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    nul = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nul, 0)
+
+
+def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0,
+                advertise: str | None = None,
+                on_serving: Callable[[HostAgent], Callable[[], None]] | None = None) -> None:
+    """Run this machine's agent until it is stopped (SIGTERM) or idle: it takes over from a
+    dead predecessor named by the host file, publishes itself there, and withdraws at the
+    end. `on_serving(agent)` runs once it is bound (a cluster agent registers in the store
+    there) and returns what to call when it stops."""
+    from regent.worker.logsetup import configure_logging
+
+    configure_logging()
+    previous = discovery.host_record()
+    if previous is not None and discovery.live_host_record() is not None:
+        previous = None  # a live agent: nothing to take over
+    agent = HostAgent(bind_host, port, idle_exit_s, succeeds=previous, advertise=advertise)
+    discovery.publish(agent.inbox.address, agent.host_id)
+    if previous is not None:
+        log.warning("host agent restarted in place of a dead one; its procs will adopt this one",
+                    address=agent.inbox.address, pid=os.getpid(), dead_pid=previous["pid"],
+                    same_address=agent.inbox.address == previous["address"])
+    else:
+        log.info("host agent serving", address=agent.inbox.address, pid=os.getpid())
+    stop = on_serving(agent) if on_serving is not None else None
+    try:
+        agent.serve()
+    finally:
+        try:
+            if stop is not None:
+                stop()
+        finally:
+            discovery.withdraw()
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="regent host", description="Run this machine's regent host agent.")
     p.add_argument("--bind-host", default="127.0.0.1")
@@ -467,34 +515,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log", default=None, help="log file (with --daemonize)")
     a = p.parse_args(argv)
     if a.daemonize:
-        if os.fork() > 0:
-            os._exit(0)
-        os.setsid()
-        if os.fork() > 0:
-            os._exit(0)
-        fd = os.open(a.log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        nul = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(nul, 0)
-    from regent.worker.logsetup import configure_logging
-
-    configure_logging()
-    previous = discovery.host_record()
-    if previous is not None and discovery.live_host_record() is not None:
-        previous = None  # a live agent: nothing to take over
-    agent = HostAgent(a.bind_host, a.port, a.idle_exit, succeeds=previous)
-    discovery.publish(agent.inbox.address, agent.host_id)
-    if previous is not None:
-        log.warning("host agent restarted in place of a dead one; its procs will adopt this one",
-                    address=agent.inbox.address, pid=os.getpid(), dead_pid=previous["pid"],
-                    same_address=agent.inbox.address == previous["address"])
-    else:
-        log.info("host agent serving", address=agent.inbox.address, pid=os.getpid())
-    try:
-        agent.serve()
-    finally:
-        discovery.withdraw()
+        daemonize(a.log)
+    serve_agent(a.bind_host, a.port, a.idle_exit)
 
 
 if __name__ == "__main__":

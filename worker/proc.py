@@ -85,7 +85,8 @@ class ProcRuntime(_HostWatch):
     request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
 
     def __init__(self, session: str, index: int, proc_id: str, host_inbox: str, bind_host: str,
-                 host_pid: int | None = None, origin: dict | None = None, epoch: int = 0):
+                 host_pid: int | None = None, origin: dict | None = None, epoch: int = 0,
+                 advertise: str | None = None):
         self.session = session
         self.index = index
         self.proc_id = proc_id
@@ -100,7 +101,7 @@ class ProcRuntime(_HostWatch):
         self._ack_ids = itertools.count(1)
         self.ctx = zmq.Context()
         self.creds = load_credentials()
-        self.inbox = Inbox(self.ctx, self.creds, bind_host)
+        self.inbox = Inbox(self.ctx, self.creds, bind_host, advertise=advertise)
         self.outbox = Outbox(self.ctx, self.creds)
         self.host_inbox = host_inbox
         self.fence = EpochFence(epoch)  # what its session had seen when this proc started
@@ -556,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--id", required=True)
     p.add_argument("--host-inbox", required=True)
     p.add_argument("--bind-host", default="127.0.0.1")
+    p.add_argument("--advertise", default=None, help="the address peers reach this proc at (default: --bind-host)")
     p.add_argument("--host-pid", type=int, default=None, help="the agent to watch; a new one adopts this proc")
     p.add_argument("--orphan-s", type=float, default=None, help="the session's orphan timeout")
     p.add_argument("--spawn-seq", type=int, default=None, help="call id of the spawn_procs that started it")
@@ -577,7 +579,8 @@ def main(argv: list[str] | None = None) -> None:
         origin.update(s=a.spawn_seq, size=a.spawn_size, pos=a.spawn_pos)
         if a.spawn_digest is not None:
             origin["d"] = bytes.fromhex(a.spawn_digest)
-    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch).run()
+    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch,
+                advertise=a.advertise).run()
     sys.exit(0)
 
 

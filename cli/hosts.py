@@ -1,0 +1,156 @@
+"""`regent host --cluster`: a host agent that joins a cluster through the store, and
+`regent hosts ls`, what the store says of a cluster's hosts.
+
+The agent itself is worker.host's; what this adds is its registration (journal.hosts): a
+record under a lease it keeps alive, joined again as a new incarnation after an outage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import socket
+import sys
+import time
+
+from regent.journal.hosts import (
+    DEFAULT_HOST_TTL_S,
+    HostMembership,
+    HostRecord,
+    check_name,
+    registered_hosts,
+)
+
+
+def _literal_ip(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a literal IP address: advertise the address peers reach this node at "
+            "(e.g. `--advertise $(hostname -I | cut -d' ' -f1)`), not a name that may resolve "
+            "differently on other nodes") from None
+
+
+def _cluster_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="regent host", description="Run this machine's host agent; with --cluster it joins that "
+        "cluster through the store, so controllers anywhere find it with s.host_mesh(hosts=N).")
+    p.add_argument("--cluster", required=True, type=lambda v: check_name(v, "cluster name"),
+                   help="the cluster to join (controllers name it, or read $REGENT_CLUSTER)")
+    p.add_argument("--store", default=os.environ.get("REGENT_JOURNAL"),
+                   help="the store hosts register in: etcd://a:2379[,b:2379...] or sqlite:///path "
+                        "(default $REGENT_JOURNAL)")
+    p.add_argument("--advertise", required=True, type=_literal_ip,
+                   help="this node's literal IP address, as the controller and the other hosts reach it")
+    p.add_argument("--bind", default=None, type=_literal_ip,
+                   help="the address to listen on (default: --advertise; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=0, help="the agent's port (default: any free one)")
+    p.add_argument("--name", default=None, type=lambda v: check_name(v, "host name"),
+                   help="this host's name in the cluster, unique there (default: the hostname)")
+    p.add_argument("--ttl", type=float, default=float(os.environ.get("REGENT_HOST_TTL_S", DEFAULT_HOST_TTL_S)),
+                   help=f"lease TTL in seconds: a host silent this long is dead (default {DEFAULT_HOST_TTL_S:g})")
+    p.add_argument("--daemonize", action="store_true", help="fork into the background and return at once")
+    p.add_argument("--log", default=None, help="log file (with --daemonize)")
+    return p
+
+
+def cluster_agent(argv: list[str]) -> int:
+    from regent.journal import open_journal
+    from regent.wire.security import is_loopback, load_credentials, regent_home
+    from regent.worker import discovery
+    from regent.worker.host import daemonize, serve_agent
+
+    a = _cluster_parser().parse_args(argv)
+    if not a.store:
+        print("regent host: --cluster needs a store: --store etcd://HOST:2379 (or set REGENT_JOURNAL)",
+              file=sys.stderr)
+        return 2
+    if not 0.5 <= a.ttl <= 60:
+        print(f"regent host: --ttl {a.ttl:g} must lie between 0.5 and 60 seconds", file=sys.stderr)
+        return 2
+    name = a.name or check_name(socket.gethostname().split(".")[0], "hostname (pass --name)")
+    bind = a.bind or a.advertise
+    if not is_loopback(bind) and os.environ.get("REGENT_SECURE") != "1":
+        os.environ["REGENT_SECURE"] = "1"  # off loopback every socket is CURVE: this agent's and its procs'
+    try:
+        load_credentials()  # before daemonizing, so missing keys are said on the terminal
+    except RuntimeError as e:
+        print(f"regent host: {e}", file=sys.stderr)
+        return 2
+    # The agent's own files (host record, lock, log) are per cluster and name, so several
+    # agents can share a machine; its procs restart it, should it die, with this command.
+    host_file = regent_home() / f"host-{a.cluster}-{name}.json"
+    os.environ[discovery.HOST_FILE_ENV] = str(host_file)
+    again = [x for x in argv if x != "--daemonize"]
+    if "--log" in again:
+        i = again.index("--log")
+        del again[i:i + 2]
+    os.environ[discovery.HOST_CMD_ENV] = json.dumps([sys.executable, "-m", "regent.cli", "host", *again])
+    if a.daemonize:
+        daemonize(a.log or str(host_file.with_suffix(".log")))
+
+    def join(agent: object) -> object:
+        journal = open_journal(a.store)  # after the fork: gRPC channels do not survive one
+
+        def describe(incarnation: str) -> HostRecord:
+            return _describe(name, agent.inbox.address, incarnation)
+
+        membership = HostMembership(journal.backend, a.cluster, name, describe, a.ttl).start()
+
+        def leave() -> None:
+            try:
+                membership.stop()
+            finally:
+                journal.close()
+        return leave
+
+    serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join)
+    return 0
+
+
+def _describe(name: str, address: str, incarnation: str) -> HostRecord:
+    import psutil
+
+    from regent.hipcore import backend
+
+    info = backend()
+    return HostRecord(id=name, address=address, hostname=socket.gethostname(), incarnation=incarnation,
+                      pid=os.getpid(), cores=os.cpu_count() or 1, memory_bytes=psutil.virtual_memory().total,
+                      backend=info.name, devices=[f"{info.name}:{i}" for i in range(info.device_count)]
+                      if info.is_gpu else [], since=time.time())
+
+
+def hosts_ls(cluster: str, store: str | None, as_json: bool = False) -> int:
+    from regent.journal import open_journal
+
+    if not store:
+        print("regent hosts ls: name the store with --store etcd://HOST:2379 (or set REGENT_JOURNAL)",
+              file=sys.stderr)
+        return 2
+    journal = open_journal(store)
+    try:
+        hosts = registered_hosts(journal.backend, cluster)
+    finally:
+        journal.close()
+    if as_json:
+        print(json.dumps([{**h.__dict__, "age_s": round(h.age_s(), 1)} for h in hosts], indent=1))
+        return 0
+    if not hosts:
+        print(f"no hosts registered in cluster {cluster!r} at {journal.url}: start agents with "
+              f"`regent host --cluster {cluster} --store {journal.url} --advertise <node IP>`")
+        return 0
+    print(f"{'HOST':<16} {'STATE':<6} {'ADDRESS':<28} {'HOSTNAME':<16} {'CORES':>5} {'MEMORY':>8} "
+          f"{'BACKEND':<8} {'AGE':>8}  INCARNATION")
+    for h in hosts:
+        print(f"{h.id:<16} {'up':<6} {h.address:<28} {h.hostname[:16]:<16} {h.cores:>5} "
+              f"{h.memory_bytes / 2**30:>6.1f}Gi {h.backend:<8} {_age(h.age_s()):>8}  {h.incarnation}")
+    return 0
+
+
+def _age(s: float) -> str:
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+

@@ -1,0 +1,84 @@
+"""Host registration in both stores: entries live while their lease is renewed, a new join
+is a new incarnation, and malformed entries are skipped."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from regent.journal import Journal
+from regent.journal.hosts import HostMembership, HostRecord, literal_address, registered_hosts
+
+
+def _record(host_id: str, incarnation: str = "i1", address: str = "tcp://10.0.0.1:5000") -> HostRecord:
+    return HostRecord(id=host_id, address=address, hostname="node", incarnation=incarnation, pid=os.getpid(),
+                      cores=2, memory_bytes=1 << 30, backend="cpu", devices=[], since=time.time())
+
+
+@pytest.fixture
+def cluster() -> str:
+    return f"c-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_joined_host_is_listed_until_its_lease_runs_out(journal: Journal, cluster: str) -> None:
+    b = journal.backend
+    lease = b.join_cluster(cluster, "h1", _record("h1").encode(), 1.0)
+    b.join_cluster(cluster, "h2", _record("h2").encode(), 30.0)
+    assert [r.id for r in registered_hosts(b, cluster)] == ["h1", "h2"]
+    assert b.renew_host(lease)
+    deadline = time.monotonic() + 5
+    while "h1" in [r.id for r in registered_hosts(b, cluster)]:
+        assert time.monotonic() < deadline, "an unrenewed host entry outlived its lease"
+        time.sleep(0.1)
+    assert not b.renew_host(lease), "an expired lease was renewed"
+    assert [r.id for r in registered_hosts(b, cluster)] == ["h2"]
+    assert journal.sessions() == [] or all(s.name != "clusters" for s in journal.sessions())
+
+
+def test_a_second_join_replaces_the_first(journal: Journal, cluster: str) -> None:
+    b = journal.backend
+    first = b.join_cluster(cluster, "h1", _record("h1", "old").encode(), 30.0)
+    second = b.join_cluster(cluster, "h1", _record("h1", "new").encode(), 30.0)
+    assert [r.incarnation for r in registered_hosts(b, cluster)] == ["new"]
+    assert not b.renew_host(first), "the replaced registration still renewed as if it held the entry"
+    assert b.renew_host(second)
+    b.leave_cluster(second)
+    assert registered_hosts(b, cluster) == []
+
+
+def test_malformed_entries_are_skipped(journal: Journal, cluster: str) -> None:
+    b = journal.backend
+    b.join_cluster(cluster, "bad-json", b"{not json", 30.0)
+    b.join_cluster(cluster, "hostname-address", _record("hostname-address", address="tcp://node1:5000").encode(), 30.0)
+    b.join_cluster(cluster, "other-id", _record("someone-else").encode(), 30.0)
+    b.join_cluster(cluster, "good", _record("good").encode(), 30.0)
+    assert [r.id for r in registered_hosts(b, cluster)] == ["good"]
+
+
+def test_membership_rejoins_as_a_new_incarnation_when_its_entry_vanishes(journal: Journal, cluster: str) -> None:
+    b = journal.backend
+    m = HostMembership(b, cluster, "h1", lambda inc: _record("h1", inc), ttl_s=1.0).start()
+    try:
+        assert m.joined.wait(5)
+        first = registered_hosts(b, cluster)[0].incarnation
+        time.sleep(1.5)  # renewed meanwhile: still the same incarnation
+        assert [r.incarnation for r in registered_hosts(b, cluster)] == [first]
+        b.leave_cluster(m.lease)  # as if the lease had run out during an outage
+        deadline = time.monotonic() + 5
+        while not (hosts := registered_hosts(b, cluster)) or hosts[0].incarnation == first:
+            assert time.monotonic() < deadline, "the agent did not register again"
+            time.sleep(0.05)
+    finally:
+        m.stop()
+    assert registered_hosts(b, cluster) == [], "a stopped membership left its entry behind"
+
+
+def test_only_literal_addresses_are_accepted() -> None:
+    assert literal_address("tcp://10.1.2.3:4000")
+    assert literal_address("tcp://[fd00::1]:4000")
+    assert not literal_address("tcp://node1:4000")
+    assert not literal_address("tcp://10.1.2.3:0")
+    assert not literal_address("tcp://10.1.2.3")
