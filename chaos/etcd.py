@@ -60,7 +60,7 @@ def _free_port() -> int:
 
 
 class LocalEtcd:
-    """One single-member etcd on 127.0.0.1; use as a context manager or call start()/close().
+    """One single-member etcd on 127.0.0.1 (or `host`); use as a context manager or call start()/close().
 
     `tls` serves https with its server certificate; `client_cert_auth` then also requires a
     client certificate signed by its CA. `auth_token_ttl_s` shortens how long an idle auth
@@ -75,6 +75,7 @@ class LocalEtcd:
         client_cert_auth: bool = False,
         auth_token_ttl_s: int | None = None,
         extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
     ) -> None:
         binary = etcd_binary()
         if binary is None:
@@ -83,6 +84,7 @@ class LocalEtcd:
         if client_cert_auth and tls is None:
             raise ValueError("client_cert_auth needs tls")
         self.binary = binary
+        self.host = host  # clients reach it here (a namespace-host bridge address in multi-host tests)
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="regent-etcd-"))
         self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
@@ -99,7 +101,7 @@ class LocalEtcd:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def url(self) -> str:
@@ -248,7 +250,7 @@ class LocalEtcd:
                 self.tls.client_cert.read_bytes(),
             )
         endpoint = pyetcd.Endpoint(
-            "127.0.0.1", self.client_port, secure=creds is not None, creds=creds
+            self.host, self.client_port, secure=creds is not None, creds=creds
         )
         return pyetcd.MultiEndpointEtcd3Client(endpoints=[endpoint], timeout=5)
 

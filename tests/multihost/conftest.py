@@ -1,0 +1,32 @@
+"""Fixtures for the multi-host suite: namespace hosts with etcd and cluster agents (as root)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from regent.chaos.netns import unavailable_reason  # noqa: E402
+from tests.support.etcd import MISSING_REASON, etcd_available  # noqa: E402
+from tests.support.multihost import MultiHost  # noqa: E402
+
+
+@pytest.fixture
+def multihost(tmp_path: Path) -> Iterator[MultiHost]:
+    """Three agent hosts (h1-h3) and two controller hosts (c1, c2), each a namespace."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    if not etcd_available():
+        pytest.skip(MISSING_REASON)
+    cluster = MultiHost(tmp_path, ["h1", "h2", "h3"], ["c1", "c2"]).start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
