@@ -151,8 +151,11 @@ class LiveEdge:
         self.journal_url = self.journal.url
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.waited = False
+        # Where workers and standbys reach this controller: its inbox and its liveness beacon.
+        self.address = controller_address(self.journal_url, secure_requested())
         self.lead = self.journal.campaign(name, self.holder, ttl_s=ttl, timeout=campaign_timeout,
-                                          on_waiting=self._on_waiting)
+                                          on_waiting=self._on_waiting,
+                                          beacon_host=None if self.address == "127.0.0.1" else self.address)
         self.takeover_at = time.monotonic()
         self.epoch = self.lead.epoch
         try:
@@ -196,7 +199,7 @@ class LiveEdge:
         outcomes.use(self.writer)
         self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive,
                                interrupt=raise_pending_handoff,
-                               bind_host=controller_address(self.journal_url, secure_requested()))
+                               bind_host=self.address)
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
         self.supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
                                      sys_path())

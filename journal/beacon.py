@@ -92,9 +92,10 @@ class Beacon:
         self._thread.start()
 
     @classmethod
-    def open(cls) -> Beacon | None:
-        """A beacon on `beacon_host()`, or None (with a warning) if it cannot listen there."""
-        host = beacon_host()
+    def open(cls, host: str | None = None) -> Beacon | None:
+        """A beacon on `host` (default `beacon_host()`), or None (with a warning) if it
+        cannot listen there."""
+        host = host or beacon_host()
         try:
             return cls(host)
         except OSError as exc:

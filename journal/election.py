@@ -100,6 +100,7 @@ def campaign(
     ttl_s: float = 2.0,
     timeout: float | None = None,
     on_waiting: Callable[[], None] | None = None,
+    beacon_host: str | None = None,
 ) -> Leadership:
     """Block until `holder` leads `session`; see `Journal.campaign`.
 
@@ -113,7 +114,7 @@ def campaign(
         raise ValueError(f"holder {holder!r} may not contain ' beacon=' (the store uses it)")
     deadline = None if timeout is None else time.monotonic() + timeout
     watching = beacon_enabled()
-    beacon = Beacon.open() if watching else None
+    beacon = Beacon.open(beacon_host) if watching else None
     watch: BeaconWatch | None = None
     wake = threading.Event()
     next_look = 0.0

@@ -129,17 +129,21 @@ class Journal:
         ttl_s: float = 2.0,
         timeout: float | None = None,
         on_waiting: Callable[[], None] | None = None,
+        beacon_host: str | None = None,
     ) -> Leadership:
         """Block until `holder` leads `session` and return its Leadership.
 
         A standby waits here; `on_waiting` is called once if it has to wait. It takes over
         when the leader resigns, when its lease runs out, or at once when the leader's
         liveness beacon shows its process gone (journal/beacon.py; REGENT_BEACON=0 turns
-        that off). Raises TimeoutError after `timeout` seconds.
+        that off). The beacon listens on `beacon_host` (default $REGENT_BEACON_HOST, else
+        loopback): standbys on other machines must reach it. Raises TimeoutError after
+        `timeout` seconds.
         """
         _check_session(session)
         lead = campaign(
-            self._backend, session, holder, ttl_s=ttl_s, timeout=timeout, on_waiting=on_waiting
+            self._backend, session, holder, ttl_s=ttl_s, timeout=timeout, on_waiting=on_waiting,
+            beacon_host=beacon_host,
         )
         self._leaderships.add(lead)
         return lead

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,13 +29,17 @@ class Cluster:
     ttl: float = 1.0
     extra_env: dict = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)
+    # Where the n-th controller runs: a command prefix (e.g. `ip netns exec HOST`) and the
+    # environment of that host; default this machine's.
+    prefix: Callable[[int], list[str]] | None = None
+    host_env: Callable[[int], dict] | None = None
 
     @property
     def leader_file(self) -> Path:
         return self.workdir / f"{self.session}.leaders"
 
-    def env(self, **extra: str) -> dict:
-        env = dict(os.environ)
+    def env(self, n: int = 0, **extra: str) -> dict:
+        env = dict(os.environ) if self.host_env is None else self.host_env(n)
         env.update({
             "REGENT_TEST_SESSION": self.session,
             "REGENT_TEST_JOURNAL": self.journal,
@@ -50,8 +55,8 @@ class Cluster:
     def start(self, **extra_env: str) -> subprocess.Popen:
         n = len(self.procs)
         p = subprocess.Popen(
-            [sys.executable, str(PROGRAMS / self.program)],
-            env=self.env(**extra_env), stdout=subprocess.PIPE,
+            [*(self.prefix(n) if self.prefix else []), sys.executable, str(PROGRAMS / self.program)],
+            env=self.env(n, **extra_env), stdout=subprocess.PIPE,
             stderr=open(self.workdir / f"{self.session}.ctl{n}.log", "w"), text=True)
         self.procs.append(p)
         return p

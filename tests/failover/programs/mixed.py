@@ -45,6 +45,10 @@ class Worker(Actor):
     def report(self) -> dict[str, int]:
         return dict(self.seen)
 
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
 
 def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "40"))
@@ -56,7 +60,13 @@ def main() -> None:
         if leader_file:
             with open(leader_file, "a") as f:
                 f.write(f"{os.getpid()}\n")
-        procs = s.spawn_procs(per_host={"procs": 3})
+        # REGENT_TEST_HOSTS: the three actors on three hosts of $REGENT_CLUSTER, one each.
+        on_hosts = os.environ.get("REGENT_TEST_HOSTS")
+        if on_hosts:
+            procs = s.host_mesh(hosts=int(on_hosts)).spawn_procs(per_host={"procs": 1})
+        else:
+            procs = s.spawn_procs(per_host={"procs": 3})
+        dim = "hosts" if on_hosts else "procs"
         w = procs.spawn("w", Worker, 0.002)
         out: list = []
         started = s.now()
@@ -73,12 +83,13 @@ def main() -> None:
             elif k == 3:
                 out.append(sorted(v for _, v in w.work.stream(f"s{i}", i)))
             else:
-                out.append(w.slice(procs=i % 3).work.call_one(f"o{i}", 1).get() >= 0)
+                out.append(w.slice(**{dim: i % 3}).work.call_one(f"o{i}", 1).get() >= 0)
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
         reports = w.report.call().get().values()
+        pids = w.pid.call().get().values()
         elapsed_known = s.now() >= started
-        print(json.dumps({"out": out, "reports": reports, "clock_ok": elapsed_known,
+        print(json.dumps({"out": out, "reports": reports, "pids": pids, "clock_ok": elapsed_known,
                           "stats": s.stats, "role": s.role}), flush=True)
 
 
