@@ -84,6 +84,8 @@ def cluster_agent(argv: list[str]) -> int:
     # agents can share a machine; its procs restart it, should it die, with this command.
     host_file = regent_home() / f"host-{a.cluster}-{name}.json"
     os.environ[discovery.HOST_FILE_ENV] = str(host_file)
+    os.environ["REGENT_HOST_NAME"] = name  # its procs' output is prefixed with it
+    _pin_interfaces(a.advertise)
     again = [x for x in argv if x != "--daemonize"]
     if "--log" in again:
         i = again.index("--log")
@@ -109,6 +111,23 @@ def cluster_agent(argv: list[str]) -> int:
 
     serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join)
     return 0
+
+
+def _pin_interfaces(advertise: str) -> None:
+    """Have this agent's procs use the advertised address for their own traffic too: RDMA
+    buffers' TCP server, and gloo / NCCL sockets (which otherwise pick an interface by
+    resolving the hostname, which may name another address, or none, on this node)."""
+    import psutil
+
+    os.environ.setdefault("REGENT_HIPCORE_RDMA_ADDR", advertise)
+    iface = next((name for name, addrs in psutil.net_if_addrs().items()
+                  if any(a.address == advertise for a in addrs)), None)
+    if iface is None:
+        print(f"regent host: warning: no interface of this node has the address {advertise}; "
+              "is --advertise right?", file=sys.stderr)
+        return
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        os.environ.setdefault(var, iface)
 
 
 def _describe(name: str, address: str, incarnation: str) -> HostRecord:

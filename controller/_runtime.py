@@ -14,6 +14,7 @@ import functools
 import itertools
 import operator
 import select
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -98,6 +99,7 @@ class Runtime:
         self.procs: dict[str, ProcRef] = {}
         self.hosts: dict[str, str] = {}  # host address -> last hello
         self.lost_hosts: dict[str, str] = {}  # cluster hosts whose registration vanished -> why
+        self.quiet: Callable[[], bool] = lambda: False  # replaying: procs' output is not printed again
         self._requests: dict[int, Future] = {}
         self._req_ids = itertools.count(1)
         self._stop = threading.Event()
@@ -397,6 +399,9 @@ class Runtime:
                 fut.set_result(meta)
             elif kind is Kind.HOST_REP and meta.get("complete") is True and meta.get("sid") == self.session:
                 self._reconcile(meta)
+        elif kind is Kind.LOG:
+            if meta.get("sid") == self.session and not self.quiet():
+                self._print_output(meta)
         elif kind is Kind.HOST_EVENT:
             if meta.get("ev") == "proc_died" and meta.get("sid") == self.session:
                 proc = self.procs.get(meta.get("id"))
@@ -404,6 +409,22 @@ class Runtime:
                     status = meta.get("status")
                     how = "unknown (it was adopted by a restarted host agent)" if status is None else status
                     self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) exited with status {how}")
+
+    @staticmethod
+    def _print_output(meta: dict) -> None:
+        """A proc's lines, on this controller's stdout / stderr as they were written there,
+        prefixed with the host and the proc's index on it."""
+        prefix = f"[{meta['h']} {meta['i']}] "
+        out = {0: [], 1: []}
+        for stream, text in meta["lines"]:
+            out[stream].append(prefix + text.replace("\r", "") + "\n")
+        for stream, f in ((0, sys.stdout), (1, sys.stderr)):
+            if out[stream]:
+                try:
+                    f.write("".join(out[stream]))
+                    f.flush()
+                except (OSError, ValueError):
+                    pass  # the program closed its stream
 
     def _reconcile(self, reply: dict) -> None:
         """A host agent's answer to the periodic hello lists every live proc it has of this

@@ -116,6 +116,7 @@ class _NoRuntime:
         self.drive = drive
         self.procs: dict = {}
         self.hosts: dict = {}
+        self.lost_hosts: dict = {}
         self.checkpoint_seq = -1
         self.max_message = max_message_bytes()  # this process's setting, as the run's was
 

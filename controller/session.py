@@ -82,6 +82,7 @@ class Session:
                      on_lost=self._on_leadership_lost)
         self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
         self.runtime, self._supervisor = edge.runtime, edge.supervisor
+        self.runtime.quiet = lambda: self._engine.replaying
         self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)
         self._checkpoints = Checkpoints(self)

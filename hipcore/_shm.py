@@ -131,13 +131,19 @@ def owner_alive(pid: int, start_time: int) -> bool:
 
 @functools.cache
 def host_id() -> str:
-    """Identifies this host's kernel: two processes share /dev/shm only if their host ids match."""
+    """Identifies this host: its kernel (boot) and its network namespace. Processes with the
+    same host id share /dev/shm; a container or a namespace host of its own is another host,
+    reached over TCP, as its peers reach it."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = "noboot"
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        net = f"/net{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        net = ""
+    return f"{socket.gethostname()}/{boot}{net}"
 
 
 def _path(name: str) -> str:

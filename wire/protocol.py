@@ -47,6 +47,7 @@ class Kind(enum.IntEnum):
     PONG = 12
     PROC_ADOPT = 13  # proc -> host agent: its agent died; the new one takes it over (answered by HOST_REP)
     BATCH = 14  # any -> any: several messages to one peer, in the order they were sent
+    LOG = 15  # proc -> controller: lines its processes wrote to stdout / stderr
 
 
 _KINDS = {int(k) for k in Kind}

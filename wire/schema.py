@@ -207,6 +207,21 @@ class ProcAdopt(TypedDict):
     e: NotRequired[Epoch]  # the highest epoch of its session the proc has seen
 
 
+MAX_LOG_LINES = 256
+MAX_LOG_LINE = 16384
+
+
+class Log(TypedDict):
+    """LOG: lines proc `id` (on host `h`, index `i` there) wrote: [stream (0 stdout, 1 stderr), text]."""
+
+    sid: SessionId
+    id: Name
+    h: Name
+    i: Index
+    lines: Annotated[list[tuple[Annotated[int, Meta(ge=0, le=1)], Annotated[str, Meta(max_length=MAX_LOG_LINE)]]],
+                     Meta(max_length=MAX_LOG_LINES)]
+
+
 class Batch(TypedDict):
     """BATCH: the frame lengths of each message it carries (split_batch checks they fit)."""
 
@@ -247,7 +262,7 @@ class Receiver:
 
 CONTROLLER = Receiver("controller", {
     Kind.RESULT: Result, Kind.PONG: Pong, Kind.HOST_REP: HostReply, Kind.HOST_EVENT: HostEvent,
-    Kind.BATCH: Batch,
+    Kind.BATCH: Batch, Kind.LOG: Log,
 })
 PROC = Receiver("proc", {
     Kind.CALL: Call, Kind.STOP: Call, Kind.SPAWN: Spawn, Kind.FENCE: Fence, Kind.WATERMARK: Watermark,

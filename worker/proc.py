@@ -20,6 +20,7 @@ import collections
 import itertools
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -51,6 +52,7 @@ from regent.worker.classref import load_class
 from regent.worker.dedupe import CallIdentity, DedupeCache
 from regent.worker.errors import ActorExit, DivergenceError
 from regent.worker.fencing import EpochFence
+from regent.worker.output import OutputForwarder, forwarding_enabled
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
@@ -115,6 +117,8 @@ class ProcRuntime(_HostWatch):
         self._rt_checked = ""  # the last reply address found valid
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = asyncio.new_event_loop()
+        self.log_to: str | None = None  # the current controller, where output is forwarded
+        self.output: OutputForwarder | None = None
         self.stopping = False
         self.dropped = 0
 
@@ -122,6 +126,10 @@ class ProcRuntime(_HostWatch):
 
     def run(self) -> None:
         asyncio.set_event_loop(self.loop)
+        if forwarding_enabled():
+            host = os.environ.get("REGENT_HOST_NAME") or socket.gethostname()
+            self.output = OutputForwarder(self.ctx, self.creds, self.session, self.proc_id, host, self.index,
+                                          lambda: self.log_to).start()
         self.loop.add_reader(self.inbox.sock.getsockopt(zmq.FD), self._on_readable)
         self.loop.add_signal_handler(signal.SIGTERM, self._begin_stop)
         self.loop.add_signal_handler(signal.SIGINT, self._begin_stop)
@@ -138,6 +146,8 @@ class ProcRuntime(_HostWatch):
             self.loop.run_forever()
         finally:
             self._cleanup_all()
+            if self.output is not None:
+                self.output.stop()
             self.inbox.close()
             self.outbox.close()
             stop_authenticator(self.ctx)
@@ -248,6 +258,8 @@ class ProcRuntime(_HostWatch):
                     "em": f"epoch {epoch} is below {self.fence.epoch}: this controller was deposed",
                 })
             return
+        if rt:
+            self.log_to = rt  # an admitted epoch: the newest controller, which gets our output
         if kind is Kind.CALL:
             self._on_call(meta, payload, rt)
         elif kind is Kind.SPAWN:

@@ -60,6 +60,10 @@ class Run:
     logs: Path | None = None
 
 
+# Where a controller runs: (a command prefix such as `ip netns exec HOST`, its environment).
+Where = Callable[[int], tuple[list[str], dict[str, str]]]
+
+
 class Controller:
     """One controller process; a thread copies its stderr to a log and reports progress lines."""
 
@@ -102,10 +106,11 @@ def _leaders(path: Path) -> list[tuple[int, float]]:
 
 def run_controllers(session: str, workdir: Path, train_args: list[str], kill_steps: list[int], *,
                     journal: str | None = None, progress: bool = True, timeout: float = 600.0,
-                    program: Path = TRAIN, on_line: Callable[[int, str], None] | None = None) -> Run:
+                    program: Path = TRAIN, on_line: Callable[[int, str], None] | None = None,
+                    where: Where | None = None) -> Run:
     """Train with a primary and a standby; SIGKILL the leader once it reports each step of
     kill_steps (a fresh standby replaces every standby that takes over). `on_line(pid, line)`
-    sees every progress line of the leader."""
+    sees every progress line of the leader; `where(n)` says where the n-th controller runs."""
     workdir.mkdir(parents=True, exist_ok=True)
     leader_file = workdir / f"{session}.leaders"
     cmd = [sys.executable, str(program), "--session", session, "--leader-file", str(leader_file), *train_args]
@@ -118,7 +123,8 @@ def run_controllers(session: str, workdir: Path, train_args: list[str], kill_ste
     controllers: dict[int, Controller] = {}
 
     def start() -> Controller:
-        c = Controller(cmd, workdir / f"{session}.ctl{len(controllers)}.log", events, env)
+        prefix, run_env = where(len(controllers)) if where is not None else ([], env)
+        c = Controller([*prefix, *cmd], workdir / f"{session}.ctl{len(controllers)}.log", events, run_env)
         controllers[c.pid] = c
         return c
 
@@ -187,7 +193,8 @@ def run_controllers(session: str, workdir: Path, train_args: list[str], kill_ste
 
 
 def run_reference(session: str, workdir: Path, train_args: list[str], *, journal: str | None = None,
-                  progress: bool = True, timeout: float = 600.0, program: Path = TRAIN) -> Run:
+                  progress: bool = True, timeout: float = 600.0, program: Path = TRAIN,
+                  where: Where | None = None) -> Run:
     """The same training with one controller and no failure."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(program), "--session", session, *train_args]
@@ -197,7 +204,8 @@ def run_reference(session: str, workdir: Path, train_args: list[str], *, journal
         cmd += ["--journal", journal]
     events: queue.Queue = queue.Queue()
     t0 = time.monotonic()
-    c = Controller(cmd, workdir / f"{session}.log", events, {**os.environ, "PYTHONUNBUFFERED": "1"})
+    prefix, env = where(0) if where is not None else ([], {**os.environ, "PYTHONUNBUFFERED": "1"})
+    c = Controller([*prefix, *cmd], workdir / f"{session}.log", events, env)
     bar = tqdm(desc=f"{session} (no failure)", unit="step", disable=not progress, dynamic_ncols=True)
     try:
         deadline = time.monotonic() + timeout

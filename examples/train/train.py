@@ -39,6 +39,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", help="where the checkpoint actor writes (default: a temp dir)")
     p.add_argument("--leader-file", help="append 'pid unix-time' here on becoming leader (for the demo)")
     p.add_argument("--lease-ttl", type=float, default=1.0, help="seconds a dead primary holds the lead")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="train on N hosts of $REGENT_CLUSTER, one proc each (default: 3 procs on this host)")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="sleep this long per step (tests use it to give a kill time to land)")
     return p.parse_args(argv)
@@ -55,14 +57,20 @@ def main(argv: list[str] | None = None) -> dict:
         # A fresh directory differs between runs: asked of the session, so a replay sees the same.
         directory = args.checkpoint_dir or s.side_effect(
             lambda: tempfile.mkdtemp(prefix=f"regent-{args.session}-ckpt-"))
-        procs = s.spawn_procs(per_host={"procs": 3})
-        trainer_procs = procs.slice(procs=slice(0, 2))
+        if args.hosts:
+            # One proc per host, every one a trainer; the last also evaluates and saves. The
+            # weights it reads come over the network (RDMA over TCP) from the first host.
+            trainer_procs = s.host_mesh(hosts=args.hosts).spawn_procs(per_host={"procs": 1})
+            aux = trainer_procs.slice(hosts=args.hosts - 1)
+        else:
+            procs = s.spawn_procs(per_host={"procs": 3})
+            trainer_procs = procs.slice(procs=slice(0, 2))
+            aux = procs.slice(procs=2)
         trainer_procs.init_process_group()  # gloo on CPU: gradients are all-reduced through it
         trainers = trainer_procs.spawn("trainers", Trainer, cfg.asdict())
-        aux = procs.slice(procs=2)
         evaluator = aux.spawn("evaluator", Evaluator, cfg.asdict())
         saver = aux.spawn("checkpointer", Checkpointer, cfg.asdict(), directory)
-        publisher = trainers.slice(procs=0)
+        publisher = trainers.slice(**dict.fromkeys(trainers.dims, 0))
         buf = publisher.weights.call_one().get()
 
         # What follows a checkpoint must be what a takeover runs after resume(): the loop's

@@ -12,9 +12,9 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+from regent.chaos.netcluster import MultiHost  # noqa: E402
 from regent.chaos.netns import unavailable_reason  # noqa: E402
 from tests.support.etcd import MISSING_REASON, etcd_available  # noqa: E402
-from tests.support.multihost import MultiHost  # noqa: E402
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from regent import Session, SupervisionError
+from regent.chaos.netcluster import HOST_TTL_S, MultiHost
 from tests.multihost.actors import Counter
-from tests.support.multihost import HOST_TTL_S, MultiHost
 
 
 def _session() -> str:
@@ -113,3 +113,17 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_an_agent_that_dies_alone_is_restarted_by_its_procs_and_the_host_serves_on(multihost: MultiHost) -> None:
+    with multihost.controller_env(), Session(_session()) as s:
+        c = s.host_mesh(hosts=3).spawn_procs(per_host={"procs": 1}).spawn("c", Counter)
+        pids = [w["pid"] for w in c.where.call().get().values()]
+        before = next(h for h in multihost.hosts() if h.id == "h1")
+        multihost.agent_procs["h1"].kill()  # the agent only: its proc starts a successor
+        after = next(h for h in multihost.wait_registered(3, new_incarnation_of=before) if h.id == "h1")
+        assert after.pid != before.pid and after.address == before.address
+        for n in range(1, 5):
+            assert c.incr.call().get().values() == [n, n, n]
+        assert [w["pid"] for w in c.where.call().get().values()] == pids
+        assert not _supervision_events(s, "host_lost")

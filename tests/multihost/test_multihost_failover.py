@@ -8,10 +8,10 @@ import random
 import uuid
 from pathlib import Path
 
+from regent.chaos.netcluster import MultiHost
 from regent.controller.replay import PROCS
 from regent.journal import open_journal
 from tests.failover.harness import Cluster, check_exactly_once
-from tests.support.multihost import MultiHost
 
 STEPS = 40
 

@@ -1,8 +1,9 @@
-"""A multi-host cluster on one machine: namespace hosts on a private bridge (chaos.netns), etcd
-on the bridge address in the root namespace, and one `regent host --cluster` agent per agent
-host. Every host has a REGENT_HOME of its own holding a copy of the cluster's CURVE keys, as
-separate machines would. Controllers run either in a namespace host of their own (`popen`)
-or in the test process, reaching the hosts through the bridge (`controller_env`).
+"""A multi-host cluster on one machine (as root), for tests, benchmarks and chaos runs:
+namespace hosts on a private bridge (chaos.netns), etcd on the bridge address in the root
+namespace, and one `regent host --cluster` agent per agent host. Every host has a REGENT_HOME
+of its own holding a copy of the cluster's CURVE keys, as separate machines would.
+Controllers run either in a namespace host of their own (`popen`) or in the calling process,
+reaching the hosts through the bridge (`controller_env`).
 """
 
 from __future__ import annotations
@@ -16,23 +17,28 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from regent.chaos.etcd import LocalEtcd
 from regent.chaos.netns import NamespaceHosts
 from regent.journal import open_journal
 from regent.journal.hosts import HostRecord, registered_hosts
-from tests.support.etcd import EtcdServer
 
-REPO = Path(__file__).resolve().parents[2]
+# The folder that holds regent/ (a checkout, or site-packages): every host's processes import it.
+REPO = Path(str(sys.modules["regent"].__file__)).resolve().parents[1]
 HOST_TTL_S = 2.0
 
 
 class MultiHost:
-    def __init__(self, workdir: Path, agents: list[str], controllers: list[str], cluster: str = "mh"):
+    """`agents` hosts running a cluster agent each, and `controllers` hosts with none."""
+
+    def __init__(self, workdir: Path, agents: list[str], controllers: list[str], cluster: str = "mh",
+                 host_ttl_s: float = HOST_TTL_S):
         self.workdir = workdir
         self.agents = agents
         self.controllers = controllers
         self.cluster = cluster
         self.net = NamespaceHosts(agents + controllers)
-        self.etcd: EtcdServer | None = None
+        self.host_ttl_s = host_ttl_s
+        self.etcd: LocalEtcd | None = None
         self.agent_procs: dict[str, subprocess.Popen] = {}
         self._journal = None
 
@@ -41,7 +47,7 @@ class MultiHost:
     def start(self) -> MultiHost:
         self.net.create()
         try:
-            self.etcd = EtcdServer(host=self.net.bridge_address).start()
+            self.etcd = LocalEtcd(host=self.net.bridge_address).start()
             keys = self.workdir / "keys-home"
             keys.mkdir(mode=0o700)
             subprocess.run([sys.executable, "-m", "regent.cli", "keys", "init"], check=True, capture_output=True,
@@ -106,7 +112,7 @@ class MultiHost:
 
     def start_agent(self, name: str) -> subprocess.Popen:
         argv = [sys.executable, "-m", "regent.cli", "host", "--cluster", self.cluster, "--store", self.url,
-                "--advertise", self.address(name), "--name", name, "--ttl", str(HOST_TTL_S)]
+                "--advertise", self.address(name), "--name", name, "--ttl", str(self.host_ttl_s)]
         p = self.net.popen(name, argv, env=self.env(name), log_path=self.workdir / f"agent-{name}.log")
         self.agent_procs[name] = p
         return p

@@ -1,0 +1,185 @@
+"""How a session's cost grows with its mesh, over namespace hosts (issue #18). As root.
+
+    .venv/bin/python bench/bench_scale.py [--shapes 4x1,16x4,64x8] [--calls 50] [--json-out FILE]
+
+Builds 8 namespace hosts on a private bridge with etcd and one cluster agent each
+(regent.chaos.netcluster); the controller is this process, on the bridge. For each shape
+PROCSxHOSTS it spawns PROCS/HOSTS procs per host and one actor per proc, then measures: spawn
+time (procs and actors), `call()` on every actor (p50 over --calls rounds), broadcast
+deliveries/s (--broadcasts broadcasts, then one call to be sure all ran), this process's CPU per
+delivery over the broadcasts, and the RSS per proc. Then call_one p50 to a proc on a namespace
+host against one on this process's own host (the root namespace's loopback agent), in turns.
+Targets (printed, never asserted): CPU per delivery at 64 procs within 1.5x that at 4; 64 procs
+over 8 hosts spawned in under 15 s; cross-host call_one p50 within 1.2x of same-host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench_core import latency_stats, note, private_regent_home, run_and_report  # noqa: E402
+
+from regent.chaos.netcluster import MultiHost  # noqa: E402
+from regent.chaos.netns import unavailable_reason  # noqa: E402
+from regent.controller import Session  # noqa: E402
+from regent.worker import Actor, endpoint  # noqa: E402
+
+DEFAULT_SHAPES = "4x1,16x1,64x1,4x4,16x4,64x4,16x8,64x8"
+HOSTS = 8
+
+
+class Noop(Actor):
+    @endpoint
+    def noop(self, i: int = 0) -> int:
+        return i
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure_shape(procs: int, hosts: int, calls: int, broadcasts: int) -> dict[str, Any]:
+    if procs % hosts:
+        raise ValueError(f"{procs} procs do not spread evenly over {hosts} hosts")
+    with Session(f"scale-{procs}x{hosts}-{uuid.uuid4().hex[:6]}") as s:
+        t0 = time.perf_counter()
+        mesh = s.host_mesh(hosts=hosts).spawn_procs(per_host={"procs": procs // hosts})
+        spawned_procs = time.perf_counter() - t0
+        actors = mesh.spawn("n", Noop)
+        spawn_s = time.perf_counter() - t0
+        actors.noop.call().get()  # warm every link
+        lat = []
+        for i in range(calls):
+            t = time.perf_counter_ns()
+            actors.noop.call(i).get()
+            lat.append(time.perf_counter_ns() - t)
+        cpu0, t1 = _cpu_s(), time.perf_counter()
+        for i in range(broadcasts):
+            actors.noop.broadcast(i)
+        actors.noop.call().get()
+        wall, cpu = time.perf_counter() - t1, _cpu_s() - cpu0
+        deliveries = (broadcasts + 1) * procs
+        pids = actors.pid.call().get().values()
+        rss = [psutil.Process(p).memory_info().rss for p in pids]
+        return {"procs": procs, "hosts": hosts, "spawn_procs_s": round(spawned_procs, 2),
+                "spawn_s": round(spawn_s, 2), "call_all": latency_stats(lat),
+                "broadcast_deliveries_per_s": round(deliveries / wall), "cpu_us_per_delivery": round(cpu / deliveries * 1e6, 1),
+                "rss_mib_per_proc": round(statistics.fmean(rss) / 2**20, 1)}
+
+
+def cross_host(rounds: int, calls: int) -> dict[str, Any]:
+    """call_one p50 to a proc on a namespace host vs one on this host, taking turns."""
+    with Session(f"scale-cross-{uuid.uuid4().hex[:6]}") as s:
+        remote = s.host_mesh(hosts=1).spawn_procs(per_host={"procs": 1}).spawn("r", Noop)
+        local = s.spawn_procs(per_host={"procs": 1}).spawn("l", Noop)
+        per: dict[str, list[float]] = {"remote": [], "local": []}
+        for _ in range(rounds):
+            for name, one in (("remote", remote), ("local", local)):
+                one.noop.call_one().get()
+                lat = []
+                for i in range(calls):
+                    t = time.perf_counter_ns()
+                    one.noop.call_one(i).get()
+                    lat.append(time.perf_counter_ns() - t)
+                per[name].append(latency_stats(lat)["p50"])
+    _stop_local_agent()
+    ratios = [r / lo for r, lo in zip(per["remote"], per["local"], strict=True)]
+    return {"remote_call_one_p50_us": statistics.median(per["remote"]),
+            "local_call_one_p50_us": statistics.median(per["local"]),
+            "ratio": round(statistics.median(ratios), 3), "ratios": [round(x, 3) for x in ratios]}
+
+
+def _stop_local_agent() -> None:
+    """The root namespace's own agent (started for the same-host figure) is nobody's child."""
+    from regent.worker.discovery import live_host_record
+
+    info = live_host_record()
+    if info is not None:
+        os.kill(info["pid"], 15)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default=DEFAULT_SHAPES, help="PROCSxHOSTS,... (hosts at most 8)")
+    p.add_argument("--calls", type=int, default=50, help="call() rounds per shape")
+    p.add_argument("--broadcasts", type=int, default=200, help="broadcasts per shape")
+    p.add_argument("--cross-rounds", type=int, default=5)
+    p.add_argument("--cross-calls", type=int, default=1000)
+    p.add_argument("--json-out", type=Path)
+    args = p.parse_args(argv)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
+
+    def run() -> dict[str, Any]:
+        report: dict[str, Any] = {"bench": "scale", "shapes": [f"{a}x{b}" for a, b in shapes],
+                                  "machine": {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)}}
+        reason = unavailable_reason()
+        if reason:
+            return {**report, "unavailable": reason}
+        with private_regent_home(), tempfile.TemporaryDirectory() as work:
+            cluster = MultiHost(Path(work), [f"h{i}" for i in range(1, HOSTS + 1)], [], cluster="scale", host_ttl_s=3.0)
+            cluster.start()
+            try:
+                with cluster.controller_env():
+                    report["shapes_measured"] = []
+                    for procs, hosts in shapes:
+                        note(f"{procs} procs over {hosts} hosts")
+                        try:
+                            report["shapes_measured"].append(measure_shape(procs, hosts, args.calls, args.broadcasts))
+                        except Exception as e:  # say where it stops (memory, time), go on with the rest
+                            report["shapes_measured"].append({"procs": procs, "hosts": hosts, "error": f"{type(e).__name__}: {e}"[:500]})
+                    report["cross_host"] = cross_host(args.cross_rounds, args.cross_calls)
+            finally:
+                cluster.close()
+        report["targets"] = targets(report)
+        return report
+
+    def summary(report: dict[str, Any]) -> None:
+        for m in report.get("shapes_measured", []):
+            note(str(m))
+        for t in report.get("targets", []):
+            note(f"{t['figure']}: {t['value']} (target {t['op']} {t['bound']}: {'met' if t['met'] else 'NOT met'})")
+
+    run_and_report(run, summary, args.json_out)
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    by = {(m["procs"], m["hosts"]): m for m in report.get("shapes_measured", []) if "error" not in m}
+    out = []
+
+    def add(figure: str, value: float | None, op: str, bound: float) -> None:
+        met = value is not None and (value <= bound if op == "<=" else value >= bound)
+        out.append({"figure": figure, "value": value, "op": op, "bound": bound, "met": met})
+
+    for hosts in (1, 4, 8):
+        small, large = by.get((4, hosts)) or by.get((16, hosts)), by.get((64, hosts))
+        if small and large:
+            add(f"cpu_per_delivery_64_over_{small['procs']}_at_{hosts}_hosts",
+                round(large["cpu_us_per_delivery"] / small["cpu_us_per_delivery"], 3), "<=", 1.5)
+    if (64, 8) in by:
+        add("spawn_64_procs_over_8_hosts_s", by[(64, 8)]["spawn_s"], "<=", 15.0)
+    if "cross_host" in report:
+        add("cross_host_call_one_p50_ratio", report["cross_host"]["ratio"], "<=", 1.2)
+    return out
+
+
+if __name__ == "__main__":
+    main()
