@@ -20,9 +20,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bench_core import Sizes, Target, note, run_workloads
+from bench_core import Sizes, Target, cpu_seconds, latency_stats, note, run_workloads
 
-PACKAGES = {"ray": "ray", "monarch": "torchmonarch"}
+PACKAGES = {"ray": "ray", "monarch": "torchmonarch", "monarch-scale": "torchmonarch"}
 
 
 def _version(dist: str) -> str:
@@ -113,7 +113,56 @@ def run_monarch(sizes: Sizes) -> dict[str, Any]:
         shutdown_context().get()
 
 
-RUNNERS: dict[str, Callable[[Sizes], dict[str, Any]]] = {"ray": run_ray, "monarch": run_monarch}
+def run_monarch_scale(sizes: Sizes) -> dict[str, Any]:
+    """bench_scale's per-shape figures on Monarch, on this one host: for each proc count in
+    sizes.scale_procs, spawn time, call() p50, broadcast deliveries/s, this process's CPU per
+    delivery and RSS per proc."""
+    import statistics
+
+    import psutil
+    from monarch.actor import Actor, endpoint, shutdown_context, this_host
+
+    class Noop(Actor):
+        @endpoint
+        def noop(self, i: int = 0) -> int:
+            return i
+
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+    shapes = []
+    try:
+        for n in sizes.scale_procs:
+            t0 = time.perf_counter()
+            procs = this_host().spawn_procs(per_host={"procs": n})
+            mesh = procs.spawn("noop", Noop)
+            mesh.noop.call().get()
+            spawn_s = time.perf_counter() - t0
+            lat = []
+            for i in range(sizes.scale_calls):
+                t = time.perf_counter_ns()
+                mesh.noop.call(i).get()
+                lat.append(time.perf_counter_ns() - t)
+            c0, t1 = cpu_seconds(), time.perf_counter()
+            for i in range(sizes.scale_broadcasts):
+                mesh.noop.broadcast(i)
+            mesh.noop.call().get()
+            wall, used = time.perf_counter() - t1, cpu_seconds() - c0
+            deliveries = (sizes.scale_broadcasts + 1) * n
+            rss = [psutil.Process(p).memory_info().rss for _, p in mesh.pid.call().get().items()]
+            shapes.append({"procs": n, "hosts": 1, "spawn_s": round(spawn_s, 2), "call_all": latency_stats(lat),
+                           "broadcast_deliveries_per_s": round(deliveries / wall),
+                           "cpu_us_per_delivery": round(used / deliveries * 1e6, 1),
+                           "rss_mib_per_proc": round(statistics.fmean(rss) / 2**20, 1)})
+            procs.stop().get()
+    finally:
+        shutdown_context().get()
+    return {"shapes_measured": shapes}
+
+
+RUNNERS: dict[str, Callable[[Sizes], dict[str, Any]]] = {"ray": run_ray, "monarch": run_monarch,
+                                                        "monarch-scale": run_monarch_scale}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ import math
 import os
 import pickle
 import platform
+import resource
 import shutil
 import signal
 import statistics
@@ -57,6 +58,10 @@ class Sizes:
     echo_small_iters: int = 20
     echo_large_iters: int = 5
     mesh_size: int = 4
+    # bench_scale.py's Monarch figures: proc counts, call() rounds and broadcasts per count
+    scale_procs: tuple[int, ...] = (4, 16, 64)
+    scale_calls: int = 50
+    scale_broadcasts: int = 200
 
     @staticmethod
     def quick() -> Sizes:
@@ -72,6 +77,12 @@ class Sizes:
 
 
 ECHO_SIZES = {"1MiB": 1 * MIB, "64MiB": 64 * MIB}
+
+
+def cpu_seconds() -> float:
+    """CPU time this process has used, user and system, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def note(msg: str) -> None:

@@ -9,7 +9,9 @@ time (procs and actors), `call()` on every actor (p50 over --calls rounds), broa
 deliveries/s (--broadcasts broadcasts, then one call to be sure all ran), this process's CPU per
 delivery over the broadcasts, and the RSS per proc. Then call_one p50 to a proc on a namespace
 host against one on this process's own host (the root namespace's loopback agent), in turns.
-Targets (printed, never asserted): CPU per delivery at 64 procs within 1.5x that at 4; 64 procs
+With --peers, Monarch runs the same per-shape loops at the same proc counts on this host
+(bench/_peers.py monarch-scale), each figure given as [regent, Monarch]. Targets (printed,
+never asserted): CPU per delivery at 64 procs within 1.5x that at 4; 64 procs
 over 8 hosts spawned in under 15 s; cross-host call_one p50 within 1.2x of same-host.
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -31,7 +32,15 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench_core import latency_stats, note, private_regent_home, run_and_report  # noqa: E402
+from bench_core import (  # noqa: E402
+    Sizes,
+    cpu_seconds,
+    latency_stats,
+    note,
+    private_regent_home,
+    run_and_report,
+    run_peer,
+)
 
 from regent.chaos.netcluster import MultiHost  # noqa: E402
 from regent.chaos.netns import unavailable_reason  # noqa: E402
@@ -52,11 +61,6 @@ class Noop(Actor):
         return os.getpid()
 
 
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def measure_shape(procs: int, hosts: int, calls: int, broadcasts: int) -> dict[str, Any]:
     if procs % hosts:
         raise ValueError(f"{procs} procs do not spread evenly over {hosts} hosts")
@@ -72,11 +76,11 @@ def measure_shape(procs: int, hosts: int, calls: int, broadcasts: int) -> dict[s
             t = time.perf_counter_ns()
             actors.noop.call(i).get()
             lat.append(time.perf_counter_ns() - t)
-        cpu0, t1 = _cpu_s(), time.perf_counter()
+        cpu0, t1 = cpu_seconds(), time.perf_counter()
         for i in range(broadcasts):
             actors.noop.broadcast(i)
         actors.noop.call().get()
-        wall, cpu = time.perf_counter() - t1, _cpu_s() - cpu0
+        wall, cpu = time.perf_counter() - t1, cpu_seconds() - cpu0
         deliveries = (broadcasts + 1) * procs
         pids = actors.pid.call().get().values()
         rss = [psutil.Process(p).memory_info().rss for p in pids]
@@ -124,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--broadcasts", type=int, default=200, help="broadcasts per shape")
     p.add_argument("--cross-rounds", type=int, default=5)
     p.add_argument("--cross-calls", type=int, default=1000)
+    p.add_argument("--peers", action="store_true",
+                   help="also Monarch at the same proc counts on one host (the 'peers' extra: torchmonarch)")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
@@ -149,6 +155,12 @@ def main(argv: list[str] | None = None) -> None:
                     report["cross_host"] = cross_host(args.cross_rounds, args.cross_calls)
             finally:
                 cluster.close()
+        if args.peers:
+            counts = sorted({procs for procs, _ in shapes})
+            note(f"Monarch: {counts} procs on one host")
+            report["monarch"] = run_peer("monarch-scale", Sizes(scale_procs=tuple(counts), scale_calls=args.calls,
+                                                                scale_broadcasts=args.broadcasts), timeout_s=900)
+            report["vs_monarch"] = versus(report)
         report["targets"] = targets(report)
         return report
 
@@ -159,6 +171,23 @@ def main(argv: list[str] | None = None) -> None:
             note(f"{t['figure']}: {t['value']} (target {t['op']} {t['bound']}: {'met' if t['met'] else 'NOT met'})")
 
     run_and_report(run, summary, args.json_out)
+
+
+def versus(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """regent on one namespace host against Monarch on this host, at each proc count."""
+    theirs = {m["procs"]: m for m in report["monarch"].get("shapes_measured", [])}
+    out = []
+    for m in report.get("shapes_measured", []):
+        t = theirs.get(m["procs"])
+        if m.get("hosts") != 1 or t is None or "error" in m:
+            continue
+        out.append({"procs": m["procs"],
+                    "spawn_s": [m["spawn_s"], t["spawn_s"]],
+                    "call_all_p50_us": [m["call_all"]["p50"], t["call_all"]["p50"]],
+                    "broadcast_deliveries_per_s": [m["broadcast_deliveries_per_s"], t["broadcast_deliveries_per_s"]],
+                    "cpu_us_per_delivery": [m["cpu_us_per_delivery"], t["cpu_us_per_delivery"]],
+                    "rss_mib_per_proc": [m["rss_mib_per_proc"], t["rss_mib_per_proc"]]})
+    return out
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -142,9 +142,8 @@ class ClusterHosts:
 
     def _judge(self, w: _Watched, h: HostRecord | None) -> None:
         if h is None:
-            if w.lost is None:
-                self._lost(w, f"host {w.id} of cluster {w.cluster!r} ({w.addr}) is lost: its registration "
-                              "expired (its agent died, or it was cut off for longer than its lease TTL)")
+            self._lost(w, f"host {w.id} of cluster {w.cluster!r} ({w.addr}) is lost: its registration "
+                          "expired (its agent died, or it was cut off for longer than its lease TTL)")
         elif h.incarnation != w.inc:
             was, w.inc = w.inc, h.incarnation
             if w.lost is not None:
@@ -154,7 +153,10 @@ class ClusterHosts:
                           was=was)
 
     def _lost(self, w: _Watched, reason: str) -> None:
-        w.lost = reason
+        with self._lock:  # the program's attach and the watch thread may both find it gone
+            if w.lost is not None:
+                return
+            w.lost = reason
         log.error("host lost", cluster=w.cluster, host=w.id, addr=w.addr, incarnation=w.inc)
         self.note("host_lost", cluster=w.cluster, host=w.id, addr=w.addr, inc=w.inc, reason=reason)
         self.post(lambda: self.runtime.host_lost(w.addr, reason))

@@ -14,7 +14,7 @@ import msgpack
 from regent import wire
 from regent.controller.edge import sys_path
 from regent.controller.futures import point_of
-from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View
+from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View, host_of
 from regent.controller.refs import ProcRef
 from regent.controller.replay import CALL, PROCS
 from regent.controller.supervisor import MeshState, policy_of
@@ -72,9 +72,9 @@ class Lifecycle:
 
     def _check_reachable(self, cluster: str, entries: list[dict]) -> None:
         """Hosts off loopback reply to this controller's address: it must not be loopback."""
-        remote = [e for e in entries if not is_loopback(e["addr"].removeprefix("tcp://").rpartition(":")[0])]
+        remote = [e for e in entries if not is_loopback(host_of(e["addr"]))]
         reply = self.s.runtime.reply_address
-        if remote and is_loopback(reply.removeprefix("tcp://").rpartition(":")[0]):
+        if remote and is_loopback(host_of(reply)):
             raise RuntimeError(
                 f"host {remote[0]['id']} of cluster {cluster!r} is at {remote[0]['addr']}, but this controller "
                 f"listens on {reply}, which that host cannot reach: set REGENT_SECURE=1 (with the cluster's "
@@ -194,8 +194,6 @@ class Lifecycle:
             for proc in procs:
                 runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
         s._finished(seq)
-
-
 
 
 def _journaled_pick(seq: int, value: Any, cluster: str, n: int) -> dict:

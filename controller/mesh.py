@@ -137,7 +137,7 @@ class ProcMesh:
         """
         taken = sum(1 for a in self._session._lifecycle.actor_names if a.startswith(_PROC_GROUP_PREFIX))
         group = self.spawn(f"{_PROC_GROUP_PREFIX}{taken}", ProcGroup, len(self))
-        master_addr = _host_of(self.procs()[0].address)
+        master_addr = host_of(self.procs()[0].address)
         rank0 = group.slice(**dict.fromkeys(group.dims, 0))
         master_port = rank0.free_port.call_one(master_addr).get()
         joined = group.join.call(master_addr, master_port, backend, timeout_s).get()
@@ -147,7 +147,7 @@ class ProcMesh:
 _PROC_GROUP_PREFIX = "__regent_pg__"
 
 
-def _host_of(address: str) -> str:
+def host_of(address: str) -> str:
     """The host part of a proc's address: tcp://10.0.0.5:4411 -> 10.0.0.5, tcp://[::1]:4411 -> ::1."""
     host = address.split("://", 1)[-1].rsplit(":", 1)[0]
     return host.strip("[]")

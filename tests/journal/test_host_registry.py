@@ -82,3 +82,25 @@ def test_only_literal_addresses_are_accepted() -> None:
     assert not literal_address("tcp://node1:4000")
     assert not literal_address("tcp://10.1.2.3:0")
     assert not literal_address("tcp://10.1.2.3")
+
+
+def test_membership_keeps_the_host_registered_across_a_store_outage(fresh_etcd, cluster: str) -> None:
+    """etcd down for longer than the TTL: the agent keeps trying, and once etcd is back the
+    host is registered again (etcd renews leases across its own restart, so it may well be
+    the same incarnation: a store outage is not a host loss)."""
+    from regent.journal import open_journal
+
+    j = open_journal(fresh_etcd.url)
+    m = HostMembership(j.backend, cluster, "h1", lambda inc: _record("h1", inc), ttl_s=1.0).start()
+    try:
+        assert m.joined.wait(5)
+        fresh_etcd.restart(down_s=2.5)
+        deadline = time.monotonic() + 20
+        while [r.id for r in registered_hosts(j.backend, cluster)] != ["h1"]:
+            assert time.monotonic() < deadline, "the host was not registered again after the outage"
+            time.sleep(0.1)
+        time.sleep(1.5)  # and it stays registered: renewals go on
+        assert [r.id for r in registered_hosts(j.backend, cluster)] == ["h1"]
+    finally:
+        m.stop()
+        j.close()

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from regent import Session, SupervisionError
+from regent import RestartPolicy, Session, SupervisionError
 from regent.chaos.netcluster import HOST_TTL_S, MultiHost
 from tests.multihost.actors import Counter
 
@@ -127,3 +127,25 @@ def test_an_agent_that_dies_alone_is_restarted_by_its_procs_and_the_host_serves_
             assert c.incr.call().get().values() == [n, n, n]
         assert [w["pid"] for w in c.where.call().get().values()] == pids
         assert not _supervision_events(s, "host_lost")
+
+
+def test_a_supervised_mesh_that_loses_a_host_escalates_to_the_program(multihost: MultiHost) -> None:
+    """one_for_all restarts the whole mesh where it can; the lost host's member cannot be
+    restarted, so the budget runs out and the failure escalates, naming the host."""
+    policy = RestartPolicy(strategy="one_for_all", max_restarts=2, window_s=60, backoff_max_s=0.1)
+    with multihost.controller_env(), Session(_session()) as s:
+        hosts = s.host_mesh(hosts=3)
+        c = hosts.spawn_procs(per_host={"procs": 1}).spawn("c", Counter, restart=policy)
+        assert c.incr.call().get().values() == [1, 1, 1]
+        multihost.net.kill_host("h3")
+        deadline = time.monotonic() + 2 * HOST_TTL_S + 10
+        while not (escalated := _supervision_events(s, "escalation")):
+            assert time.monotonic() < deadline, "the lost host's member was neither restarted nor escalated"
+            time.sleep(0.1)
+        assert "h3" in str(escalated[0]["report"])
+        assert len(_supervision_events(s, "restart")) == 0  # no restart of the whole mesh could complete
+        with pytest.raises(SupervisionError, match="escalated|h3"):
+            c.incr.call().get(timeout=10)
+        # The program carries on with the hosts it has left.
+        d = hosts.slice(hosts=slice(0, 2)).spawn_procs(per_host={"procs": 1}).spawn("d", Counter)
+        assert d.incr.call().get().values() == [1, 1]

@@ -16,6 +16,8 @@ import time
 from regent.controller import Session
 from regent.worker import Actor, endpoint
 
+PRINT = os.environ.get("REGENT_TEST_PRINT") == "1"
+
 
 class Worker(Actor):
     """Counts every token it executes, so a checker can prove exactly-once."""
@@ -27,6 +29,8 @@ class Worker(Actor):
 
     def _note(self, token: str) -> None:
         self.seen[token] = self.seen.get(token, 0) + 1
+        if PRINT:  # output a controller forwards: REGENT_TEST_PRINT=1
+            print(f"ran {token}", file=sys.stderr, flush=True)
 
     @endpoint
     def work(self, token: str, x: int) -> int:
