@@ -4,6 +4,7 @@ and reads what comes back, the way a second (or deposed) controller would."""
 from __future__ import annotations
 
 import collections
+import time
 
 import zmq
 
@@ -45,18 +46,22 @@ class RawPeer:
         self.send(address, wire.encode(Kind.CALL, meta, frames))
 
     def recv(self, timeout: float = 5.0) -> tuple[Kind, dict, object]:
-        """The next message, batches unpacked: (kind, meta, decoded payload or None)."""
-        if not self._unread:
-            if not self.inbox.poll(int(timeout * 1000)):
-                raise TimeoutError(f"no message within {timeout} s")
-            kind, meta, payload = wire.decode(self.inbox.recv_multipart(copy=False))
-            if kind is Kind.BATCH:
-                self._unread.extend(wire.decode_one(sub) for sub in wire.split_batch(meta, payload))
-            else:
-                self._unread.append((kind, meta, payload))
-        kind, meta, payload = self._unread.popleft()
-        value = wire.loads(payload) if payload else None
-        return kind, meta, value
+        """The next message, batches unpacked: (kind, meta, decoded payload or None). A proc's
+        forwarded output (LOG) is skipped: it goes to whoever last reached the proc, this peer
+        included, whenever the proc writes a line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._unread:
+                if not self.inbox.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                    raise TimeoutError(f"no message within {timeout} s")
+                kind, meta, payload = wire.decode(self.inbox.recv_multipart(copy=False))
+                if kind is Kind.BATCH:
+                    self._unread.extend(wire.decode_one(sub) for sub in wire.split_batch(meta, payload))
+                else:
+                    self._unread.append((kind, meta, payload))
+            kind, meta, payload = self._unread.popleft()
+            if kind is not Kind.LOG:
+                return kind, meta, wire.loads(payload) if payload else None
 
     def ask_host(self, host: str, sid: str, epoch: int, op: str, **fields) -> dict:
         meta = {"sid": sid, "e": epoch, "op": op, "n": 7, "rt": self.address, **fields}
