@@ -45,6 +45,31 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def netem_unavailable_reason() -> str | None:
+    """Why `NamespaceHosts.netem` cannot work here (no tc, or a kernel built without
+    sch_netem, as some VM kernels are), or None."""
+    if shutil.which("tc") is None:
+        return "tc (iproute2) is not installed"
+    probe = f"rgnetem{os.getpid()}"
+    if _ip("netns", "add", probe, check=False).returncode != 0:
+        return "cannot make a namespace to try netem in"
+    try:
+        r = subprocess.run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM; tc says: {r.stderr.strip()})"
+        return None
+    finally:
+        _ip("netns", "del", probe, check=False)
+
+
+def nft_unavailable_reason() -> str | None:
+    """Why blocks and partitions cannot be made here (they use nftables), or None."""
+    if shutil.which("nft") is None:
+        return "nftables' nft is not installed (apt-get install nftables; scripts/install_netns_tools.sh)"
+    return None
+
+
 def _used_subnets() -> set[str]:
     out = _ip("-4", "-o", "addr", "show", check=False).stdout
     return {".".join(word.split("/")[0].split(".")[:3]) for line in out.splitlines()
@@ -67,6 +92,8 @@ class NamespaceHosts:
         self._made: list[str] = []  # namespaces made so far
         self._bridge_made = False
         self._procs: list[subprocess.Popen] = []
+        self._blocked: dict[str, set[str]] = {}  # host -> the hosts whose packets it drops
+        self._loss: dict[str, float] = {}  # host -> % of arriving packets dropped
 
     # --- addresses --------------------------------------------------------------------------
 
@@ -179,6 +206,88 @@ class NamespaceHosts:
         while sig == signal.SIGKILL and self.pids(name) and time.monotonic() < deadline:
             time.sleep(0.05)
         return pids
+
+    # --- packet-level faults (tc netem, blackhole routes), inside the namespaces -------------
+
+    def netem(self, name: str, *, delay_ms: float = 0, jitter_ms: float = 0, loss_pct: float = 0,
+              duplicate_pct: float = 0, reorder_pct: float = 0, corrupt_pct: float = 0) -> None:
+        """Shape every packet host `name` sends with the kernel's netem (replacing what was
+        set): delay with jitter, loss, duplication, reordering (of delayed packets) and
+        corruption, as percentages of packets."""
+        args: list[str] = []
+        if delay_ms or jitter_ms or reorder_pct:
+            args += ["delay", f"{delay_ms or 1}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+        for key, pct in (("loss", loss_pct), ("duplicate", duplicate_pct), ("reorder", reorder_pct),
+                         ("corrupt", corrupt_pct)):
+            if not 0 <= pct <= 100:
+                raise ValueError(f"{key} {pct}% is not a percentage")
+            if pct:
+                args += [key, f"{pct}%"]
+        if not args:
+            raise ValueError("netem needs at least one of delay, jitter, loss, duplicate, reorder, corrupt")
+        r = subprocess.run(["tc", "-n", self.netns(name), "qdisc", "replace", "dev", "eth0", "root", "netem", *args],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise NetnsUnavailable(f"tc netem on host {name} failed: {r.stderr.strip()} "
+                                   f"({netem_unavailable_reason() or 'check the arguments'})")
+
+    def clear_netem(self, name: str) -> None:
+        subprocess.run(["tc", "-n", self.netns(name), "qdisc", "del", "dev", "eth0", "root"],
+                       check=False, capture_output=True)
+
+    def block(self, src: str, dst: str) -> None:
+        """Silently drop what `src` sends to `dst` (nftables at `dst`'s input): one way, so
+        `dst` still reaches `src`, though a TCP connection either way stalls, its answers lost."""
+        self._blocked.setdefault(dst, set()).add(src)
+        self._filter(dst)
+
+    def unblock(self, src: str, dst: str) -> None:
+        self._blocked.get(dst, set()).discard(src)
+        self._filter(dst)
+
+    def drop(self, name: str, pct: float) -> None:
+        """Drop `pct`% of the packets arriving at host `name`, at random (0 stops it): loss
+        without netem, for kernels that lack it."""
+        if not 0 <= pct <= 100:
+            raise ValueError(f"{pct}% is not a percentage")
+        self._loss[name] = pct
+        self._filter(name)
+
+    def partition(self, *groups: Sequence[str]) -> None:
+        """Split the hosts into `groups` that reach each other within a group only (both ways).
+        Hosts named in no group keep reaching everyone."""
+        for i, a in enumerate(groups):
+            for b in groups[i + 1:]:
+                for x in a:
+                    for y in b:
+                        self._blocked.setdefault(y, set()).add(x)
+                        self._blocked.setdefault(x, set()).add(y)
+        for name in {n for g in groups for n in g}:
+            self._filter(name)
+
+    def heal(self) -> None:
+        """Remove every block, partition, drop and netem setting."""
+        touched = set(self._blocked) | set(self._loss)
+        self._blocked.clear()
+        self._loss.clear()
+        for name in touched:
+            self._filter(name)
+        for name in self.names:
+            self.clear_netem(name)
+
+    def _filter(self, name: str) -> None:
+        """Rewrite host `name`'s input filter from what is blocked and dropped there."""
+        reason = nft_unavailable_reason()
+        if reason:
+            raise NetnsUnavailable(reason)
+        rules = [f"ip saddr {self.address(src)} drop" for src in sorted(self._blocked.get(name, ()))]
+        if self._loss.get(name):
+            rules.append(f"numgen random mod 100 < {int(self._loss[name])} drop")
+        script = ("table inet regent {\n chain input {\n  type filter hook input priority 0; policy accept;\n }\n}\n"
+                  "flush chain inet regent input\n" + "".join(f"add rule inet regent input {r}\n" for r in rules))
+        r = subprocess.run(self.command(name, ["nft", "-f", "-"]), input=script, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise NetnsUnavailable(f"nft on host {name} failed: {r.stderr.strip()}")
 
     def link_down(self, name: str) -> None:
         """Cut host `name` off from every other (its cable pulled); processes keep running."""

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Install iproute2 (`ip netns`, veth, bridges) if it is missing: the multi-host tests build
-# their hosts as network namespaces with it. They need root; without it they are skipped.
+# Install iproute2 (`ip netns`, veth, bridges, tc) and nftables (blocks and partitions between
+# hosts) if missing: the multi-host and packet-fault tests build their hosts as network
+# namespaces with them. They need root; without it (or without the tools) they are skipped.
 set -euo pipefail
 
-if command -v ip >/dev/null 2>&1; then
-    echo "iproute2 already installed: $(ip -V 2>/dev/null | head -n1)"
+missing=()
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "namespace tools already installed: $(ip -V 2>/dev/null | head -n1); $(nft --version 2>/dev/null)"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-    echo "iproute2 is missing and this is not root: the multi-host tests will be skipped" >&2
+    echo "missing ${missing[*]} and this is not root: the multi-host tests will be skipped" >&2
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "iproute2 is missing and apt-get is unavailable: install iproute2 for the multi-host tests" >&2
+    echo "missing ${missing[*]} and apt-get is unavailable: install them for the multi-host tests" >&2
     exit 0
 fi
 apt-get update
-DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2
+DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
