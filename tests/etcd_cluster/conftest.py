@@ -13,17 +13,13 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from regent.chaos.etcd_cluster import EtcdCluster  # noqa: E402
-from regent.chaos.netns import NamespaceHosts, unavailable_reason  # noqa: E402
-from tests.support.etcd import MISSING_REASON, etcd_available  # noqa: E402
+from regent.chaos.netns import NamespaceHosts  # noqa: E402
+from tests.support.etcd import skip_unless_namespace_hosts_and_etcd  # noqa: E402
 
 
 @pytest.fixture
 def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    if not etcd_available():
-        pytest.skip(MISSING_REASON)
+    skip_unless_namespace_hosts_and_etcd()
     net = NamespaceHosts(["e1", "e2", "e3"]).create()
     cluster = EtcdCluster(net, ["e1", "e2", "e3"], tmp_path)
     try:

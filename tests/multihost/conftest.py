@@ -13,18 +13,13 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from regent.chaos.netcluster import MultiHost  # noqa: E402
-from regent.chaos.netns import unavailable_reason  # noqa: E402
-from tests.support.etcd import MISSING_REASON, etcd_available  # noqa: E402
+from tests.support.etcd import skip_unless_namespace_hosts_and_etcd  # noqa: E402
 
 
 @pytest.fixture
 def multihost(tmp_path: Path) -> Iterator[MultiHost]:
     """Three agent hosts (h1-h3) and two controller hosts (c1, c2), each a namespace."""
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    if not etcd_available():
-        pytest.skip(MISSING_REASON)
+    skip_unless_namespace_hosts_and_etcd()
     cluster = MultiHost(tmp_path, ["h1", "h2", "h3"], ["c1", "c2"]).start()
     try:
         yield cluster

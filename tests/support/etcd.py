@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from regent.chaos.etcd import LocalEtcd as EtcdServer
 from regent.chaos.etcd import etcd_binary
 
-__all__ = ["MISSING_REASON", "EtcdServer", "etcd_available", "free_port", "held_port"]
+__all__ = ["MISSING_REASON", "EtcdServer", "etcd_available", "free_port", "held_port",
+           "skip_unless_namespace_hosts_and_etcd"]
 
 MISSING_REASON = (
     "etcd is not on PATH; install it with scripts/install_etcd.sh (or set REGENT_ETCD to its path)"
@@ -36,3 +37,15 @@ def held_port(port: int) -> Iterator[None]:
         sock.bind(("127.0.0.1", port))
         sock.listen()
         yield
+
+
+def skip_unless_namespace_hosts_and_etcd() -> None:
+    """Skip the calling test, with the reason, where namespace hosts (root, iproute2) or etcd
+    are missing."""
+    import pytest
+
+    from regent.chaos.netns import unavailable_reason
+
+    reason = unavailable_reason() or (None if etcd_available() else MISSING_REASON)
+    if reason:
+        pytest.skip(reason)
