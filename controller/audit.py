@@ -212,8 +212,8 @@ class _JournaledClusters:
         raise AuditGap(f"the program picked {n} hosts of cluster {cluster!r}, and the journal does not say "
                        "which it got")
 
-    def attach(self, cluster: str, entry: dict, replaying: bool) -> str:
-        return entry["addr"]
+    def attach(self, cluster: str, entries: list[dict], replaying: bool) -> list[str]:
+        return [e["addr"] for e in entries]
 
 
 class AuditEdge:

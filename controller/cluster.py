@@ -83,11 +83,18 @@ class ClusterHosts:
                 log.info("waiting for hosts to register", cluster=cluster, registered=len(hosts), wanted=n)
             time.sleep(PICK_POLL_S)
 
-    def attach(self, cluster: str, entry: dict, replaying: bool) -> str:
-        """Say hello to a picked host and watch it; its address. A journaled host that is
-        gone (on replay) is taken for lost: its procs are dead to this session."""
+    def attach(self, cluster: str, entries: list[dict], replaying: bool) -> list[str]:
+        """Say hello to the picked hosts and watch them; their addresses. A journaled host that
+        is gone (on replay) is taken for lost: its procs are dead to this session."""
+        registered = {h.id: h for h in self.registered(cluster)}  # one read of the store for all
+        addresses = [self._attach_one(cluster, entry, registered.get(entry["id"]), replaying) for entry in entries]
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="regent-host-watch", daemon=True)
+            self._thread.start()
+        return addresses
+
+    def _attach_one(self, cluster: str, entry: dict, current: HostRecord | None, replaying: bool) -> str:
         addr = entry["addr"]
-        current = {h.id: h for h in self.registered(cluster)}.get(entry["id"])
         try:
             self.runtime.host_request(addr, "hello", timeout=3.0)
         except TimeoutError as e:
@@ -101,16 +108,13 @@ class ClusterHosts:
                                        f"does not answer: {e}") from None
             else:
                 current = None
-        w = _Watched(cluster, entry["id"], addr, current.incarnation if current else entry["inc"])
-        with self._lock:
-            self.watched.setdefault((cluster, w.id), w)
+        with self._lock:  # a host an earlier host_mesh attached is watched once
+            w = self.watched.setdefault((cluster, entry["id"]), _Watched(
+                cluster, entry["id"], addr, current.incarnation if current else entry["inc"]))
         if current is None:
             self._lost(w, f"host {w.id} of cluster {cluster!r} ({addr}) is gone: it is no longer registered")
         else:
             self.runtime.register_host(addr)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="regent-host-watch", daemon=True)
-            self._thread.start()
         return addr
 
     def close(self) -> None:

@@ -230,7 +230,7 @@ class LiveEdge:
     def clusters(self) -> ClusterHosts:
         """The cluster hosts this session uses (made on first use: most sessions use none)."""
         if self._clusters is None:
-            if self.journal_url == "off" or not self.journaled:
+            if not self.journaled:
                 raise ValueError("a session without a journal (journal='off') cannot use cluster hosts: "
                                  "hosts register in the store, so pass the session its journal url")
             self._clusters = ClusterHosts(self.journal.backend, self.runtime,

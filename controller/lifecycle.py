@@ -67,8 +67,7 @@ class Lifecycle:
             self._check_reachable(cluster, picked["hosts"])
             s._do(s._engine.value_record(seq, "host_mesh", picked, cluster, str(hosts)))
         s._finished(seq)
-        addresses = [clusters.attach(cluster, entry, jc is not None) for entry in picked["hosts"]]
-        return HostMesh(s, addresses)
+        return HostMesh(s, clusters.attach(cluster, picked["hosts"], jc is not None))
 
     def _check_reachable(self, cluster: str, entries: list[dict]) -> None:
         """Hosts off loopback reply to this controller's address: it must not be loopback."""

@@ -46,6 +46,7 @@ class OutputForwarder:
         self._saved: dict[int, int] = {}  # stream (0 stdout, 1 stderr) -> the fd it wrote to before
         self._reads: dict[int, int] = {}  # pipe read fd -> stream
         self._partial: dict[int, bytes] = {0: b"", 1: b""}
+        self._teeing = {0, 1}  # streams whose old destination still takes lines
         self._stop_r, self._stop_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="regent-output", daemon=True)
 
@@ -120,10 +121,11 @@ class OutputForwarder:
     def _emit(self, stream: int, data: bytes) -> list[str]:
         """Write the lines on, prefixed, to where they went before; their text."""
         raw = data.rstrip(b"\n").split(b"\n")
-        try:
-            os.write(self._saved[stream], b"".join(self.prefix + line + b"\n" for line in raw))
-        except OSError:
-            pass  # the agent's log is gone: the controller may still get the lines
+        if stream in self._teeing:
+            try:
+                os.write(self._saved[stream], b"".join(self.prefix + line + b"\n" for line in raw))
+            except OSError:  # the agent's log is gone: stop writing there; the controller still gets them
+                self._teeing.discard(stream)
         return [line.decode("utf-8", "replace")[:MAX_LOG_LINE] for line in raw]
 
     def _forward(self, lines: list[tuple[int, str]]) -> None:
