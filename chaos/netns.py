@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -70,6 +71,19 @@ def nft_unavailable_reason() -> str | None:
     return None
 
 
+def _check_pct(pct: float) -> None:
+    if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0 <= pct <= 100:
+        raise ValueError(f"{pct!r} is not a percentage (0-100)")
+
+
+def _combined(pcts: list[float]) -> float:
+    """The % of packets hit when independent faults each hit `pcts` %."""
+    miss = 1.0
+    for p in pcts:
+        miss *= 1 - p / 100
+    return 100 * (1 - miss)
+
+
 def _used_subnets() -> set[str]:
     out = _ip("-4", "-o", "addr", "show", check=False).stdout
     return {".".join(word.split("/")[0].split(".")[:3]) for line in out.splitlines()
@@ -92,8 +106,9 @@ class NamespaceHosts:
         self._made: list[str] = []  # namespaces made so far
         self._bridge_made = False
         self._procs: list[subprocess.Popen] = []
-        self._blocked: dict[str, set[str]] = {}  # host -> the hosts whose packets it drops
-        self._loss: dict[str, float] = {}  # host -> % of arriving packets dropped
+        self._blocked: Counter[tuple[str, str]] = Counter()  # (src, dst) -> faults dropping src's packets at dst
+        self._loss: dict[str, list[float]] = {}  # host -> the % of arriving packets each fault drops
+        self._dup: dict[str, list[float]] = {}  # host -> the % of sent packets each fault duplicates
 
     # --- addresses --------------------------------------------------------------------------
 
@@ -207,7 +222,7 @@ class NamespaceHosts:
             time.sleep(0.05)
         return pids
 
-    # --- packet-level faults (tc netem, blackhole routes), inside the namespaces -------------
+    # --- packet-level faults (tc netem; nftables drops and duplicates), inside the namespaces -
 
     def netem(self, name: str, *, delay_ms: float = 0, jitter_ms: float = 0, loss_pct: float = 0,
               duplicate_pct: float = 0, reorder_pct: float = 0, corrupt_pct: float = 0) -> None:
@@ -235,56 +250,124 @@ class NamespaceHosts:
         subprocess.run(["tc", "-n", self.netns(name), "qdisc", "del", "dev", "eth0", "root"],
                        check=False, capture_output=True)
 
+    # Faults that overlap are counted: a pair blocked by two partitions is unblocked when the
+    # second ends, and loss or duplication from several faults on one host adds up.
+
     def block(self, src: str, dst: str) -> None:
         """Silently drop what `src` sends to `dst` (nftables at `dst`'s input): one way, so
         `dst` still reaches `src`, though a TCP connection either way stalls, its answers lost."""
-        self._blocked.setdefault(dst, set()).add(src)
-        self._filter(dst)
+        self.block_pairs([(src, dst)])
 
     def unblock(self, src: str, dst: str) -> None:
-        self._blocked.get(dst, set()).discard(src)
-        self._filter(dst)
+        self.unblock_pairs([(src, dst)])
 
-    def drop(self, name: str, pct: float) -> None:
-        """Drop `pct`% of the packets arriving at host `name`, at random (0 stops it): loss
-        without netem, for kernels that lack it."""
-        if not 0 <= pct <= 100:
-            raise ValueError(f"{pct}% is not a percentage")
-        self._loss[name] = pct
-        self._filter(name)
+    def block_pairs(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Drop what each `src` sends to its `dst`; each pair stays blocked until unblocked as
+        many times as it was blocked."""
+        for src, dst in pairs:
+            self._check(src, dst)
+            self._blocked[(src, dst)] += 1
+        self._refilter({dst for _, dst in pairs})
 
-    def partition(self, *groups: Sequence[str]) -> None:
-        """Split the hosts into `groups` that reach each other within a group only (both ways).
-        Hosts named in no group keep reaching everyone."""
+    def unblock_pairs(self, pairs: Sequence[tuple[str, str]]) -> None:
+        for pair in pairs:
+            if self._blocked[pair] > 0:
+                self._blocked[pair] -= 1
+            if self._blocked[pair] == 0:
+                del self._blocked[pair]
+        self._refilter({dst for _, dst in pairs})
+
+    @staticmethod
+    def partition_pairs(*groups: Sequence[str]) -> list[tuple[str, str]]:
+        """The (src, dst) pairs a partition into `groups` blocks: every pair across groups, both ways."""
+        pairs = []
         for i, a in enumerate(groups):
             for b in groups[i + 1:]:
-                for x in a:
-                    for y in b:
-                        self._blocked.setdefault(y, set()).add(x)
-                        self._blocked.setdefault(x, set()).add(y)
-        for name in {n for g in groups for n in g}:
-            self._filter(name)
+                pairs += [(x, y) for x in a for y in b if x != y] + [(y, x) for x in a for y in b if x != y]
+        return pairs
+
+    def partition(self, *groups: Sequence[str]) -> list[tuple[str, str]]:
+        """Split the hosts into `groups` that reach each other within a group only (both ways);
+        hosts named in no group keep reaching everyone. Returns the pairs it blocked, which
+        `unblock_pairs` undoes."""
+        pairs = self.partition_pairs(*groups)
+        self.block_pairs(pairs)
+        return pairs
+
+    def drop(self, name: str, pct: float) -> None:
+        """Drop `pct`% of the packets arriving at host `name`, at random, replacing what
+        `add_loss` set there (0 stops it): loss without netem, for kernels that lack it."""
+        _check_pct(pct)
+        self._check(name)
+        self._loss[name] = [pct] if pct else []
+        self._refilter({name})
+
+    def add_loss(self, name: str, pct: float) -> None:
+        """Drop `pct`% more of the packets arriving at `name` (until `remove_loss`)."""
+        _check_pct(pct)
+        self._check(name)
+        self._loss.setdefault(name, []).append(pct)
+        self._refilter({name})
+
+    def remove_loss(self, name: str, pct: float) -> None:
+        if pct in self._loss.get(name, []):
+            self._loss[name].remove(pct)
+        self._refilter({name})
+
+    def add_duplicate(self, name: str, pct: float) -> None:
+        """Send a second copy of `pct`% of the packets host `name` sends to the other hosts
+        (nftables `dup`, at its output), until `remove_duplicate`."""
+        _check_pct(pct)
+        self._check(name)
+        self._dup.setdefault(name, []).append(pct)
+        self._refilter({name})
+
+    def remove_duplicate(self, name: str, pct: float) -> None:
+        if pct in self._dup.get(name, []):
+            self._dup[name].remove(pct)
+        self._refilter({name})
 
     def heal(self) -> None:
-        """Remove every block, partition, drop and netem setting."""
-        touched = set(self._blocked) | set(self._loss)
+        """Remove every block, partition, loss, duplication and netem setting."""
+        touched = {dst for _, dst in self._blocked} | set(self._loss) | set(self._dup)
         self._blocked.clear()
         self._loss.clear()
-        for name in touched:
-            self._filter(name)
+        self._dup.clear()
+        self._refilter(touched)
         for name in self.names:
             self.clear_netem(name)
 
+    def _check(self, *names: str) -> None:
+        for name in names:
+            if name not in self.names:
+                raise ValueError(f"no namespace host named {name!r}; hosts: {', '.join(self.names)}")
+
+    def _refilter(self, names: set[str]) -> None:
+        for name in sorted(names):
+            self._filter(name)
+
     def _filter(self, name: str) -> None:
-        """Rewrite host `name`'s input filter from what is blocked and dropped there."""
+        """Rewrite host `name`'s filter from what is blocked, dropped and duplicated there."""
         reason = nft_unavailable_reason()
         if reason:
             raise NetnsUnavailable(reason)
-        rules = [f"ip saddr {self.address(src)} drop" for src in sorted(self._blocked.get(name, ()))]
-        if self._loss.get(name):
-            rules.append(f"numgen random mod 100 < {int(self._loss[name])} drop")
-        script = ("table inet regent {\n chain input {\n  type filter hook input priority 0; policy accept;\n }\n}\n"
-                  "flush chain inet regent input\n" + "".join(f"add rule inet regent input {r}\n" for r in rules))
+        rules = [f"input ip saddr {self.address(src)} drop"
+                 for src in sorted(s for s, d in self._blocked if d == name)]
+        loss = _combined(self._loss.get(name, []))
+        if loss >= 100:
+            rules.append("input iifname \"eth0\" drop")
+        elif loss:
+            rules.append(f"input iifname \"eth0\" numgen random mod 1000 < {round(loss * 10)} drop")
+        dup = _combined(self._dup.get(name, []))
+        if dup:
+            rules += [f"output ip daddr {self.address(other)} "
+                      + (f"numgen random mod 1000 < {round(dup * 10)} " if dup < 100 else "")
+                      + f"dup to {self.address(other)} device eth0" for other in self.names if other != name]
+        script = ("table ip regent {\n"
+                  " chain input {\n  type filter hook input priority 0; policy accept;\n }\n"
+                  " chain output {\n  type filter hook output priority 0; policy accept;\n }\n}\n"
+                  "flush chain ip regent input\nflush chain ip regent output\n"
+                  + "".join(f"add rule ip regent {r}\n" for r in rules))
         r = subprocess.run(self.command(name, ["nft", "-f", "-"]), input=script, capture_output=True, text=True)
         if r.returncode != 0:
             raise NetnsUnavailable(f"nft on host {name} failed: {r.stderr.strip()}")

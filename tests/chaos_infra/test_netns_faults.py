@@ -1,5 +1,6 @@
 """Packet-level faults between namespace hosts, checked with UDP probes: netem delay and loss
-on a host's link, a one-way block, a partition into groups, and healing."""
+on a host's link, a one-way block, a partition into groups, loss and duplication by nftables,
+overlapping faults, and healing."""
 
 from __future__ import annotations
 
@@ -77,3 +78,26 @@ def test_a_block_a_partition_into_groups_random_drops_and_healing(hosts: Namespa
     assert 20 < replies < 180, replies
     hosts.drop("h2", 0)
     assert _ping(hosts, "h1", "h2")["replies"] == 5
+
+
+def test_overlapping_faults_are_counted_and_duplication_doubles_datagrams(hosts: NamespaceHosts) -> None:
+    reason = nft_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    first = hosts.partition(["h1"], ["h2", "h3"])
+    second = hosts.partition(["h1", "h3"], ["h2"])  # h1-h2 blocked by both
+    hosts.unblock_pairs(first)
+    assert _ping(hosts, "h1", "h2", count=2, timeout_s=0.3)["replies"] == 0  # the second still holds
+    assert _ping(hosts, "h1", "h3")["replies"] == 5  # only the first cut h1 from h3
+    hosts.unblock_pairs(second)
+    assert _ping(hosts, "h1", "h2")["replies"] == 5
+    hosts.add_loss("h2", 100)
+    hosts.add_loss("h2", 10)
+    hosts.remove_loss("h2", 100)  # 10 % is left
+    assert _ping(hosts, "h1", "h2", count=40, timeout_s=0.1)["replies"] >= 20
+    hosts.remove_loss("h2", 10)
+    hosts.add_duplicate("h1", 50)  # half of h1's datagrams reach h2 twice
+    got = _ping(hosts, "h1", "h2", count=100, timeout_s=0.3)
+    assert got["replies"] == 100 and 20 < got["copies"] < 80, got
+    hosts.remove_duplicate("h1", 50)
+    assert _ping(hosts, "h1", "h2", count=50, timeout_s=0.3)["copies"] == 0
