@@ -20,6 +20,7 @@ from regent.chaos.runner import ScheduleRunner
 from regent.chaos.schedule import (
     FAULT_KINDS,
     LINK_KINDS,
+    PACKET_KINDS,
     PROCESS_KINDS,
     Fault,
     Schedule,
@@ -42,6 +43,7 @@ from regent.chaos.toxiproxy import (
 __all__ = [
     "FAULT_KINDS",
     "LINK_KINDS",
+    "PACKET_KINDS",
     "PROCESS_KINDS",
     "TOXICS",
     "ChaosNet",

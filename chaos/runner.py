@@ -16,6 +16,7 @@ import structlog
 from regent.chaos import faults as process_faults
 from regent.chaos.faults import FaultEvent, FaultLog
 from regent.chaos.net import ChaosNet
+from regent.chaos.packets import HostFaults
 from regent.chaos.schedule import PROCESS_KINDS, Fault, Schedule
 from regent.chaos.toxics import TOXICS
 
@@ -93,6 +94,7 @@ class _LinkWorker:
 class ScheduleRunner:
     """Plays a Schedule in a background thread it owns; ``stop()`` undoes what is still active.
 
+    ``hosts`` applies packet faults between namespace hosts (chaos.packets).
     ``processes`` maps a process name to its pid, or to a callable returning the
     current pid (a process that is restarted gets a new one). Call ``note_calls()`` as
     calls are made to fire ``after_calls`` faults. Use as a context manager::
@@ -108,16 +110,19 @@ class ScheduleRunner:
         net: ChaosNet | None = None,
         processes: Mapping[str, ProcessRef] | None = None,
         *,
+        hosts: HostFaults | None = None,
         faults: FaultLog | None = None,
     ) -> None:
         self.schedule = schedule
         self.net = net
+        self.hosts = hosts
         self.processes = dict(processes or {})
-        schedule.check_targets(list(net) if net is not None else [], self.processes)
+        schedule.check_targets(list(net) if net is not None else [], self.processes,
+                               list(hosts) if hosts is not None else [])
         if faults is not None:
             self.faults = faults
         else:
-            self.faults = net.faults if net is not None else FaultLog()
+            self.faults = net.faults if net is not None else hosts.faults if hosts is not None else FaultLog()
         self.errors: list[str] = []
         self._cond = threading.Condition()
         self._calls = 0
@@ -251,6 +256,10 @@ class ScheduleRunner:
                 return self._apply_toxic(index, fault)
             if fault.kind == "down":
                 return self._apply_down(index, fault)
+            if fault.on_hosts:
+                # nftables and tc answer at once whatever the hosts' processes do: applied here.
+                assert self.hosts is not None
+                return self.hosts.apply(fault.kind, fault.target, fault.attributes, self._note(index))
             pid = self._pid(fault.target)
             if fault.kind == "kill":
                 process_faults.kill(

@@ -16,11 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regent.chaos.packets import (
+    PACKET_KINDS,
+    REST,
+    PacketFaultError,
+    groups_of,
+    validate_packet_fault,
+)
 from regent.chaos.toxics import STREAMS, TOXICS, ToxicValidationError, validate_toxic
 
 __all__ = [
     "FAULT_KINDS",
     "LINK_KINDS",
+    "PACKET_KINDS",
     "PROCESS_KINDS",
     "Fault",
     "Schedule",
@@ -32,7 +40,7 @@ __all__ = [
 
 LINK_KINDS: tuple[str, ...] = (*TOXICS, "down")
 PROCESS_KINDS: tuple[str, ...] = ("kill", "pause")
-FAULT_KINDS: tuple[str, ...] = (*LINK_KINDS, *PROCESS_KINDS)
+FAULT_KINDS: tuple[str, ...] = (*LINK_KINDS, *PROCESS_KINDS, *PACKET_KINDS)
 
 _FAULT_KEYS = (
     "kind",
@@ -64,7 +72,7 @@ class Fault:
     duration_s: float | None = None
     stream: str = "downstream"
     toxicity: float = 1.0
-    attributes: Mapping[str, int] = field(default_factory=dict)
+    attributes: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -72,7 +80,7 @@ class Fault:
                 f"'kind': unknown fault kind {self.kind!r}; choose one of: {', '.join(FAULT_KINDS)}"
             )
         if not isinstance(self.target, str) or not self.target:
-            what = "a link name" if self.on_link else "a process name"
+            what = "a link name" if self.on_link else "hosts" if self.on_hosts else "a process name"
             raise ScheduleError(
                 f"'target': must be {what} (a non-empty string), got {self.target!r}"
             )
@@ -106,6 +114,12 @@ class Fault:
             except ToxicValidationError as exc:
                 raise ScheduleError(str(exc)) from None
             object.__setattr__(self, "attributes", resolved)
+        elif self.kind in PACKET_KINDS:
+            try:
+                resolved = validate_packet_fault(self.kind, self.target, self.attributes)
+            except PacketFaultError as exc:
+                raise ScheduleError(str(exc)) from None
+            object.__setattr__(self, "attributes", resolved)
         else:
             if self.attributes:
                 raise ScheduleError(
@@ -116,6 +130,11 @@ class Fault:
     @property
     def on_link(self) -> bool:
         return self.kind in LINK_KINDS
+
+    @property
+    def on_hosts(self) -> bool:
+        """A packet fault between namespace hosts (chaos.packets)."""
+        return self.kind in PACKET_KINDS
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "target": self.target}
@@ -128,6 +147,7 @@ class Fault:
         if self.kind in TOXICS:
             out["stream"] = self.stream
             out["toxicity"] = self.toxicity
+        if self.attributes:
             out["attributes"] = dict(self.attributes)
         return out
 
@@ -155,10 +175,20 @@ class Schedule:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def check_targets(self, links: Iterable[str], processes: Iterable[str]) -> None:
-        """Raise ScheduleError for the first fault whose target is not a known link/process."""
-        known_links, known_procs = set(links), set(processes)
+    def check_targets(self, links: Iterable[str], processes: Iterable[str], hosts: Iterable[str] = ()) -> None:
+        """Raise ScheduleError for the first fault whose target is not a known link, process,
+        or host (or host role)."""
+        known_links, known_procs, known_hosts = set(links), set(processes), set(hosts)
         for i, fault in enumerate(self.faults):
+            if fault.on_hosts:
+                names = {n for g in groups_of(fault.kind, fault.target) for n in g} - {REST}
+                unknown = sorted(names - known_hosts)
+                if unknown:
+                    raise ScheduleError(
+                        f"faults[{i}] ({fault.kind}): no host or role named {unknown[0]!r}; known: "
+                        f"{', '.join(sorted(known_hosts)) or 'none (this run has no namespace hosts)'}"
+                    )
+                continue
             pool, what, whats = (
                 (known_links, "link", "links")
                 if fault.on_link
@@ -275,11 +305,13 @@ def random_schedule(
     processes: Iterable[str] = (),
     kinds: Iterable[str] | None = None,
     fault_s: tuple[float, float] | None = None,
+    hosts: Iterable[str] = (),
 ) -> Schedule:
     """Draw ``n_faults`` faults within ``duration_s`` seconds; same arguments, same schedule.
 
     ``kinds`` defaults to every kind that has a target: link kinds if ``links`` is
-    non-empty, kill and pause if ``processes`` is. Every fault ends by ``duration_s``.
+    non-empty, kill and pause if ``processes`` is, packet kinds (but netem) if ``hosts``
+    (host names and roles) is. Every fault ends by ``duration_s``.
     A fault that lasts (all but kill) lasts 5-30 % of ``duration_s``, or a time drawn from
     ``fault_s=(shortest, longest)`` seconds when given, so that a long schedule need not
     mean long outages.
@@ -287,9 +319,13 @@ def random_schedule(
     if fault_s is not None and not (0 < fault_s[0] <= fault_s[1]):
         raise ScheduleError(f"random_schedule: fault_s must be (shortest, longest) with 0 < shortest <= longest, "
                             f"got {fault_s!r}")
-    link_names, proc_names = sorted(set(links)), sorted(set(processes))
+    link_names, proc_names, host_names = sorted(set(links)), sorted(set(processes)), sorted(set(hosts))
+
+    def pool(kind: str) -> list[str]:
+        return link_names if kind in LINK_KINDS else host_names if kind in PACKET_KINDS else proc_names
+
     if kinds is None:
-        chosen = [k for k in FAULT_KINDS if (link_names if k in LINK_KINDS else proc_names)]
+        chosen = [k for k in FAULT_KINDS if pool(k) and k != "netem"]
     else:
         chosen = list(dict.fromkeys(kinds))
     if not chosen:
@@ -299,10 +335,9 @@ def random_schedule(
             raise ScheduleError(
                 f"random_schedule: unknown fault kind {kind!r}; choose from {', '.join(FAULT_KINDS)}"
             )
-        if kind in LINK_KINDS and not link_names:
-            raise ScheduleError(f"random_schedule: kind {kind!r} needs at least one link")
-        if kind in PROCESS_KINDS and not proc_names:
-            raise ScheduleError(f"random_schedule: kind {kind!r} needs at least one process")
+        if not pool(kind):
+            what = "link" if kind in LINK_KINDS else "host" if kind in PACKET_KINDS else "process"
+            raise ScheduleError(f"random_schedule: kind {kind!r} needs at least one {what}")
     if not (isinstance(duration_s, int | float) and duration_s > 0):
         raise ScheduleError(f"random_schedule: duration_s must be > 0, got {duration_s!r}")
     if n_faults < 0:
@@ -312,7 +347,7 @@ def random_schedule(
     drawn: list[Fault] = []
     for _ in range(n_faults):
         kind = rng.choice(chosen)
-        target = rng.choice(link_names if kind in LINK_KINDS else proc_names)
+        target = _random_host_target(kind, host_names, rng) if kind in PACKET_KINDS else rng.choice(pool(kind))
         at_s = round(rng.uniform(0.0, duration_s * 0.9), 3)
         duration = None
         if kind != "kill":
@@ -327,9 +362,32 @@ def random_schedule(
                 "toxicity": rng.choice((1.0, 1.0, 1.0, 0.5)),
                 "attributes": _random_attributes(kind, rng),
             }
+        elif kind in PACKET_KINDS:
+            extra = {"attributes": _random_packet_attributes(kind, rng)}
         drawn.append(Fault(kind=kind, target=target, at_s=at_s, duration_s=duration, **extra))
     drawn.sort(key=lambda f: f.at_s or 0.0)
     return Schedule(tuple(drawn), name=f"random-{seed}", seed=seed)
+
+
+def _random_host_target(kind: str, names: list[str], rng: random.Random) -> str:
+    """A target for a packet fault: one name, two disjoint groups, or a group against the rest."""
+    if kind == "partition":
+        cut = rng.sample(names, rng.randint(1, max(1, len(names) // 2)))
+        return ",".join(cut) + "|" + REST
+    if kind == "block":
+        src, dst = rng.sample(names, 2) if len(names) > 1 else (names[0], names[0])
+        return f"{src}>{dst}"
+    return rng.choice(names)
+
+
+def _random_packet_attributes(kind: str, rng: random.Random) -> dict[str, float]:
+    if kind in ("loss", "duplicate"):
+        return {"percent": float(rng.choice((1, 2, 5, 10, 20)))}
+    if kind == "netem":
+        delay = rng.randint(1, 100)
+        return {"delay_ms": float(delay), "jitter_ms": float(rng.randint(0, delay)),
+                "reorder_pct": float(rng.choice((0, 5, 25)))}
+    return {}
 
 
 def _random_attributes(kind: str, rng: random.Random) -> dict[str, int]:

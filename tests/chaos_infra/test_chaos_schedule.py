@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -16,6 +17,7 @@ from chaos_sockets import EchoServer, connect, round_trip
 from regent.chaos import (
     FAULT_KINDS,
     LINK_KINDS,
+    PACKET_KINDS,
     ChaosNet,
     Fault,
     FaultLog,
@@ -166,7 +168,7 @@ def test_random_schedule_is_reproducible_from_its_seed() -> None:
 
 def test_random_schedule_stays_within_its_targets_kinds_and_duration() -> None:
     schedule = random_schedule(3, 5.0, 200, LINKS, PROCESSES)
-    assert {f.kind for f in schedule.faults} == set(FAULT_KINDS)
+    assert {f.kind for f in schedule.faults} == set(FAULT_KINDS) - set(PACKET_KINDS)  # no hosts given
     for fault in schedule.faults:
         assert fault.target in (LINKS if fault.kind in LINK_KINDS else PROCESSES)
         assert 0.0 <= fault.at_s <= 5.0
@@ -391,3 +393,52 @@ SHIPPED = sorted((Path(__file__).resolve().parents[2] / "chaos" / "scenarios").g
 def test_shipped_scenarios_are_valid(path: Path) -> None:
     schedule = load_schedule(path)
     assert schedule.name and schedule.faults
+
+
+HOSTS = ("c1", "c2", "e1", "e2", "e3", "primary", "etcd-leader", "workers")
+
+
+def test_packet_faults_parse_from_a_scenario_and_check_their_hosts() -> None:
+    schedule = parse_schedule({"faults": [
+        {"kind": "partition", "target": "primary,etcd-follower|rest", "at_s": 1, "duration_s": 4},
+        {"kind": "block", "target": "primary>workers", "after_calls": 10, "duration_s": 2},
+        {"kind": "isolate", "target": "etcd-leader", "at_s": 2, "duration_s": 1.5},
+        {"kind": "loss", "target": "all", "at_s": 0, "attributes": {"percent": 5}},
+        {"kind": "duplicate", "target": "all", "at_s": 0, "attributes": {"percent": 1.5}},
+        {"kind": "netem", "target": "h1", "at_s": 0, "attributes": {"delay_ms": 20, "reorder_pct": 25}},
+    ]})
+    assert [f.on_hosts for f in schedule.faults] == [True] * 6
+    assert schedule.faults[4].attributes == {"percent": 1.5}
+    assert parse_schedule(schedule.to_dict()) == schedule
+    with pytest.raises(ScheduleError, match="no host or role named 'etcd-follower'"):
+        schedule.check_targets([], [], HOSTS)
+    schedule.check_targets([], [], [*HOSTS, "etcd-follower", "all", "h1"])
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ({"kind": "partition", "target": "c1"}, "groups joined by '|'"),
+    ({"kind": "block", "target": "c1|c2"}, "'FROM>TO'"),
+    ({"kind": "block", "target": "c1>rest"}, "only meaningful in a partition"),
+    ({"kind": "isolate", "target": "c1,,c2"}, "an empty host name"),
+    ({"kind": "isolate", "target": "c1", "attributes": {"percent": 5}}, "takes no attributes"),
+    ({"kind": "loss", "target": "c1"}, "needs attributes = {percent = P}"),
+    ({"kind": "loss", "target": "c1", "attributes": {"percent": 150}}, "percentage"),
+    ({"kind": "duplicate", "target": "c1", "attributes": {"percent": 0}}, "must be > 0"),
+    ({"kind": "netem", "target": "c1", "attributes": {"delay": 5}}, "no attribute 'delay'"),
+    ({"kind": "netem", "target": "c1", "attributes": {"delay_ms": -1}}, ">= 0"),
+    ({"kind": "loss", "target": "c1", "attributes": {"percent": 5}, "stream": "upstream"}, "toxics only"),
+])
+def test_packet_faults_written_wrongly_say_what_to_change(fault: dict, message: str) -> None:
+    with pytest.raises(ScheduleError, match=re.escape(message)):
+        parse_schedule({"faults": [{"at_s": 0, "duration_s": 1, **fault}]})
+
+
+def test_random_schedules_draw_packet_faults_over_hosts_and_roles() -> None:
+    schedule = random_schedule(11, 20.0, 300, processes=PROCESSES, hosts=HOSTS)
+    kinds = {f.kind for f in schedule.faults}
+    assert set(PACKET_KINDS) - {"netem"} <= kinds and "netem" not in kinds  # netem only when asked for
+    schedule.check_targets([], PROCESSES, HOSTS)
+    assert parse_schedule(schedule.to_dict()) == schedule
+    assert random_schedule(11, 20.0, 300, processes=PROCESSES, hosts=HOSTS) == schedule
+    with pytest.raises(ScheduleError, match="kind 'isolate' needs at least one host"):
+        random_schedule(1, 5.0, 3, LINKS, kinds=["isolate"])
