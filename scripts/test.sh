@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/install_etcd.sh
 scripts/install_toxiproxy.sh
+scripts/install_porcupine.sh
 scripts/install_netns_tools.sh
 export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff check regent controller worker wire hipcore journal chaos cli tests bench examples
