@@ -19,6 +19,8 @@ from typing import Any
 
 from regent.chaos.faults import FaultEvent
 from regent.chaos.ledger import Execution
+from regent.chaos.linearizability import LinearizabilityVerdict
+from regent.chaos.packets import PACKET_KINDS
 from regent.controller.replay import PROCS, SUPERVISION, expand
 
 __all__ = ["CALL_KINDS", "ChaosReport", "FaultEffect", "check_run", "percentile"]
@@ -65,16 +67,18 @@ class ChaosReport:
     faults: list[FaultEffect] = field(default_factory=list)
     failovers_s: list[float] = field(default_factory=list)
     duration_s: float = 0.0
+    linearizability: LinearizabilityVerdict | None = None  # Porcupine on the register's history
 
     @property
     def injected(self) -> int:
-        """Faults injected: every kill, pause, partition and toxic (not their undoing)."""
-        return sum(1 for f in self.faults if f.kind in ("kill", "pause", "down", "toxic_add"))
+        """Faults injected: every kill, pause, partition, toxic and packet fault (not their undoing)."""
+        return sum(1 for f in self.faults if f.kind in ("kill", "pause", "down", "toxic_add", *PACKET_KINDS))
 
     @property
     def ok(self) -> bool:
         return (not self.lost and not self.duplicated and not self.unjournaled and self.journal_ok
-                and self.results_equal and not self.program_error)
+                and self.results_equal and not self.program_error
+                and not (self.linearizability is not None and self.linearizability.failed))
 
     def text(self) -> str:
         verdict = "PASS" if self.ok else "FAIL"
@@ -94,6 +98,8 @@ class ChaosReport:
             f"  journal verify:  {'ok' if self.journal_ok else '; '.join(self.journal_problems)}",
             f"  results:         {'equal to the fault-free run' if self.results_equal else 'DIFFER: ' + self.results_diff}",
         ]
+        if self.linearizability is not None:
+            lines.append(f"  linearizable (porcupine): {self.linearizability.summary()}")
         if self.program_error:
             lines.append(f"  program:         {self.program_error}")
         if self.failovers_s:
@@ -164,9 +170,11 @@ def check_run(
         rep.journal_ok = bool(verify.ok)
         rep.journal_problems = list(getattr(verify, "problems", []))[:10]
     if result is not None and expected is not None and "out" in result:
-        rep.results_equal = result["out"] == expected.get("out")
-        if not rep.results_equal:
+        rep.results_equal = result["out"] == expected.get("out") and result.get("kv") == expected.get("kv")
+        if result["out"] != expected.get("out"):
             rep.results_diff = _first_difference(result["out"], expected.get("out"))
+        elif not rep.results_equal:
+            rep.results_diff = "register: " + _first_difference(result.get("kv") or [], expected.get("kv"))
     times = [e.t for e in events] + [t for _, t in leaders]
     start = t0 if t0 is not None else (min(times) if times else 0.0)
     rep.duration_s = (t_end or max(times, default=start)) - start
@@ -279,7 +287,7 @@ def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]],
     timeouts = [r.ts for r in recs if r.kind == "obs" and r.data.get("w") == "timeout"]
     ends: dict[tuple[str, str], float] = {}
     for e in events:  # when each toxic / partition / pause ended
-        if e.kind in ("toxic_remove", "up", "resume"):
+        if e.kind in ("toxic_remove", "up", "resume", "heal"):
             ends.setdefault((e.target, str(e.detail.get("fault"))), e.t)
     out: list[FaultEffect] = []
     failovers: list[float] = []
@@ -315,6 +323,15 @@ def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]],
             end = ends.get((e.target, str(e.detail.get("fault"))), e.t)
             n = sum(1 for t in timeouts if e.t <= t <= end + deadline_s + 0.5)
             effect = f"{n} calls timed out and were issued again" if n else "calls slowed or cut; none failed"
+        elif e.kind in PACKET_KINDS:
+            end = ends.get((e.target, str(e.detail.get("fault"))), e.t)
+            n = sum(1 for t in timeouts if e.t <= t <= end + deadline_s + 0.5)
+            nxt = next((t for t in changes if e.t < t <= end + deadline_s + 0.5 and t not in claimed), None)
+            effect = f"{n} calls timed out and were issued again" if n else "packets cut or lost; no call failed"
+            if nxt is not None:
+                claimed.add(nxt)
+                failovers.append(nxt - e.t)
+                effect = f"failover: new leader after {nxt - e.t:.2f} s; " + effect
         elif e.kind == "error":
             effect = f"not applied: {e.detail.get('error', '')}"[:100]
         out.append(FaultEffect(e.t - t0, e.kind, e.target, dict(e.detail), effect))

@@ -30,8 +30,11 @@ import structlog
 
 from regent.chaos import faults as process_faults
 from regent.chaos.faults import FaultLog
+from regent.chaos.linearizability import ENV_HISTORY
 from regent.chaos.links import ENV_TOXIPROXY, proxy_name
 from regent.chaos.net import ChaosNet
+from regent.chaos.runner import ScheduleRunner
+from regent.chaos.schedule import Schedule
 from regent.chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer, ToxiproxyWatchdog
 from regent.worker import discovery, procinfo
 
@@ -136,6 +139,7 @@ class ChaosCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ledger_dir = self.workdir / f"{self.session}.ledger"
         self.leader_file = self.workdir / f"{self.session}.leaders"
+        self.history_dir = self.workdir / f"{self.session}.history"  # what each controller saw of the register
         self.controllers: list[Controller] = []
         self.net = RoleNet(self.server, self, self.faults)
         self.winner: Controller | None = None
@@ -160,6 +164,7 @@ class ChaosCluster:
             "REGENT_CHAOS_TTL": str(self.ttl_s),
             "REGENT_CHAOS_LEDGER": str(self.ledger_dir),
             "REGENT_CHAOS_LEADERS": str(self.leader_file),
+            ENV_HISTORY: str(self.history_dir),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         })
@@ -191,6 +196,19 @@ class ChaosCluster:
         self._monitor.start()
         self._toxiproxy_watch = ToxiproxyWatchdog(self.server).start()
         return self
+
+    def schedule_runner(self, schedule: Schedule) -> ScheduleRunner:
+        """A runner that plays `schedule` on this cluster's links and processes."""
+        return ScheduleRunner(schedule, self.net, self.processes(), faults=self.faults)
+
+    def restore_store(self) -> None:
+        """etcd running again, should the run have ended with it killed."""
+        if not self.etcd.running:
+            self.etcd.start()
+
+    @property
+    def journal_url(self) -> str:
+        return self.etcd.url
 
     def leaders(self) -> list[tuple[int, float]]:
         try:

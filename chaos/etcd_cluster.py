@@ -39,6 +39,7 @@ class EtcdCluster:
         self.workdir = workdir
         self.startup_timeout_s = startup_timeout_s
         self.procs: dict[str, subprocess.Popen] = {}
+        self._reaped: set[str] = set()  # members seen dead and not started since
 
     @property
     def url(self) -> str:
@@ -66,6 +67,7 @@ class EtcdCluster:
         """Start (or restart, from its data directory) one member."""
         if member in self.procs and self.procs[member].poll() is None:
             return
+        self._reaped.discard(member)
         self.procs[member] = self.net.popen(member, self._command(member),
                                             log_path=self.workdir / f"etcd-{member}.log")
         if wait:
@@ -110,6 +112,20 @@ class EtcdCluster:
                         return m
             time.sleep(0.1)
         raise TimeoutError(f"no etcd member leads after {timeout:g} s")
+
+    def reap(self) -> bool:
+        """True once for each member found dead since it was last started."""
+        dead = {m for m, p in self.procs.items() if p.poll() is not None} - self._reaped
+        self._reaped |= dead
+        return bool(dead)
+
+    def pid(self, member: str) -> int | None:
+        p = self.procs.get(member)
+        return p.pid if p is not None and p.poll() is None else None
+
+    def term(self) -> int:
+        """The highest raft term a member reports now (each election starts a new one)."""
+        return max((int(st.get("raftTerm", 0)) for m in self.members if (st := self._status(m))), default=0)
 
     def kill(self, member: str) -> None:
         """SIGKILL one member (its data stays)."""

@@ -1,6 +1,7 @@
 """A multi-host cluster on one machine (as root), for tests, benchmarks and chaos runs:
 namespace hosts on a private bridge (chaos.netns), etcd on the bridge address in the root
-namespace, and one `regent host --cluster` agent per agent host. Every host has a REGENT_HOME
+namespace (or a replicated etcd, one member per host of its own: chaos.etcd_cluster), and one
+`regent host --cluster` agent per agent host. Every host has a REGENT_HOME
 of its own holding a copy of the cluster's CURVE keys, as separate machines would.
 Controllers run either in a namespace host of their own (`popen`) or in the calling process,
 reaching the hosts through the bridge (`controller_env`).
@@ -17,7 +18,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from regent.chaos.etcd import LocalEtcd
+from regent.chaos.etcd_cluster import EtcdCluster
 from regent.chaos.netns import NamespaceHosts
 from regent.journal import open_journal
 from regent.journal.hosts import HostRecord, registered_hosts
@@ -31,14 +35,15 @@ class MultiHost:
     """`agents` hosts running a cluster agent each, and `controllers` hosts with none."""
 
     def __init__(self, workdir: Path, agents: list[str], controllers: list[str], cluster: str = "mh",
-                 host_ttl_s: float = HOST_TTL_S):
+                 host_ttl_s: float = HOST_TTL_S, etcd_members: list[str] | None = None):
         self.workdir = workdir
         self.agents = agents
         self.controllers = controllers
+        self.etcd_members = list(etcd_members or [])
         self.cluster = cluster
-        self.net = NamespaceHosts(agents + controllers)
+        self.net = NamespaceHosts(agents + controllers + self.etcd_members)
         self.host_ttl_s = host_ttl_s
-        self.etcd: LocalEtcd | None = None
+        self.etcd: LocalEtcd | EtcdCluster | None = None
         self.agent_procs: dict[str, subprocess.Popen] = {}
         self._journal = None
 
@@ -47,7 +52,10 @@ class MultiHost:
     def start(self) -> MultiHost:
         self.net.create()
         try:
-            self.etcd = LocalEtcd(host=self.net.bridge_address).start()
+            if self.etcd_members:
+                self.etcd = EtcdCluster(self.net, self.etcd_members, self.workdir).start()
+            else:
+                self.etcd = LocalEtcd(host=self.net.bridge_address).start()
             keys = self.workdir / "keys-home"
             keys.mkdir(mode=0o700)
             subprocess.run([sys.executable, "-m", "regent.cli", "keys", "init"], check=True, capture_output=True,
@@ -66,10 +74,12 @@ class MultiHost:
         return self
 
     def close(self) -> None:
-        self.net.close()
         if self._journal is not None:
             self._journal.close()
-        if self.etcd is not None:
+        if isinstance(self.etcd, EtcdCluster):
+            self.etcd.close()  # its members run in the namespaces
+        self.net.close()
+        if isinstance(self.etcd, LocalEtcd):
             self.etcd.close()
 
     # --- where things are -------------------------------------------------------------------
@@ -116,6 +126,24 @@ class MultiHost:
         p = self.net.popen(name, argv, env=self.env(name), log_path=self.workdir / f"agent-{name}.log")
         self.agent_procs[name] = p
         return p
+
+    def agent_pid(self, name: str) -> int | None:
+        """The agent running in host `name` now (its procs start a new one should it die)."""
+        for pid in self.net.pids(name):
+            try:
+                argv = psutil.Process(pid).cmdline()
+            except psutil.Error:
+                continue
+            if "host" in argv and "--cluster" in argv and "regent.cli" in argv:
+                return pid
+        return None
+
+    def ensure_agents(self) -> None:
+        """Start an agent on each agent host that has none (after a run that killed one)."""
+        for name in self.agents:
+            if self.agent_pid(name) is None:
+                self.start_agent(name)
+        self.wait_registered(len(self.agents))
 
     def hosts(self) -> list[HostRecord]:
         return registered_hosts(self._journal.backend, self.cluster)

@@ -164,6 +164,6 @@ class HostFaults:
 
         def end() -> None:
             undo()
-            self.faults.record("heal", target, {**dict(note), "kind": kind, "hosts": detail["hosts"]})
+            self.faults.record("heal", target, {**dict(note), "fault_kind": kind, "hosts": detail["hosts"]})
 
         return end

@@ -7,12 +7,19 @@ process appends "pid time" when it leads), REGENT_CHAOS_PROCS, REGENT_CHAOS_PAYL
 (bytes of the array moved by `echo`), REGENT_CHAOS_STEP_S (a pause after each live
 step; results do not depend on it), REGENT_CHAOS_CALL_TIMEOUT_S (the deadline of
 every get), REGENT_CHAOS_RESTART (a restart policy: permanent, transient, temporary
-or none), REGENT_CHAOS_TOXIPROXY (route links through proxies, see chaos.links).
+or none), REGENT_CHAOS_TOXIPROXY (route links through proxies, see chaos.links), REGENT_CHAOS_HOSTS (the
+actors on N hosts of $REGENT_CLUSTER, one each, instead of REGENT_CHAOS_PROCS procs here),
+REGENT_CHAOS_HISTORY (where this process records the register calls it issues and what it was
+told of them, for chaos.linearizability).
 
 Results depend only on arguments, so a run whose procs restart still returns what a
 fault-free run returns. A call that fails (SupervisionError, or its deadline passed)
 is issued again under a new token: each token is a distinct call to the checker.
-Prints one JSON line: the outputs, the retries and the session's stats.
+Each step also puts or gets a key of a key-value register (`Register`, one per proc, whose
+writes survive the proc) on the rank that holds the key. A register call that misses its
+deadline is waited for again rather than issued anew: a second write could land after later
+ones, and the reads would then differ from a fault-free run's.
+Prints one JSON line: the outputs, the register's outputs, the retries and the session's stats.
 """
 
 from __future__ import annotations
@@ -22,10 +29,13 @@ import os
 import sys
 import time
 import zlib
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from regent.chaos.ledger import Ledger
+from regent.chaos.linearizability import HistoryLog
 from regent.chaos.links import links_from_env
 from regent.controller import Session, SupervisionError
 from regent.journal import LeadershipLost
@@ -33,6 +43,7 @@ from regent.worker import Actor, context, endpoint
 from regent.worker.supervision import RestartPolicy
 
 MAX_ATTEMPTS = 40
+KEYS = 4  # register keys; key j lives on rank j % procs
 
 
 class Echo(Actor):
@@ -56,12 +67,117 @@ class Echo(Actor):
         return [int(data.nbytes), zlib.crc32(data.tobytes())]
 
 
+class Register(Actor):
+    """A key-value register whose writes survive its process: each is appended to a file of
+    this rank's before the reply, and a restarted actor reads them back. Every execution is
+    noted in the ledger, as Echo's are."""
+
+    def __init__(self, ledger_dir: str, state_dir: str) -> None:
+        ctx = context()
+        self.ledger = Ledger(ledger_dir, ctx.mesh, ctx.rank, ctx.incarnation)
+        path = Path(state_dir) / f"{ctx.mesh}.{ctx.rank}.kv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.values: dict[str, Any] = {}
+        if path.exists():
+            text = path.read_text()
+            # A last line without its newline is a write its process died in, never acknowledged.
+            for line in text.split("\n")[:-1]:
+                d = json.loads(line)
+                self.values[d["k"]] = d["v"] if d["op"] == "put" else self.values.get(d["k"], "") + d["v"]
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def _persist(self, op: str, key: str, value: Any) -> None:
+        # One write(2) reaches the page cache before the reply: a SIGKILL cannot take it back
+        # (only a power loss could, and no fault here is one).
+        os.write(self._fd, (json.dumps({"op": op, "k": key, "v": value}) + "\n").encode())
+
+    @endpoint
+    def put(self, token: str, key: str, value: Any) -> None:
+        self.ledger.note("put", token, key, value)
+        if value is None:
+            raise ValueError("a register value cannot be None (None is what get returns for no value)")
+        self._persist("put", key, value)
+        self.values[key] = value
+
+    @endpoint
+    def append(self, token: str, key: str, value: str) -> None:
+        self.ledger.note("append", token, key, value)
+        self._persist("append", key, value)
+        self.values[key] = self.values.get(key, "") + value
+
+    @endpoint
+    def get(self, token: str, key: str) -> Any:
+        self.ledger.note("get", token, key)
+        return self.values.get(key)
+
+
+class Registers:
+    """The program's register calls, each recorded in the history (chaos.linearizability)
+    before it is issued and when its outcome reaches the program."""
+
+    def __init__(self, s: Session, kv, n_procs: int, timeout_s: float, history: HistoryLog | None,
+                 retries: dict) -> None:
+        self.s, self.kv, self.n = s, kv, n_procs
+        self.timeout_s = timeout_s
+        self.history = history
+        self.retries = retries
+        dims = kv.dims  # {"procs": N} here, {"hosts": N, "procs": 1} across hosts: slice the long one
+        self.dim = max(dims, key=dims.__getitem__)
+
+    def step(self, i: int) -> Any:
+        """Step i's register call: puts on even steps, key by key in turn; reads on odd ones, of
+        the key just written every third time, else of one written some steps before."""
+        m = i // 2
+        if i % 2 == 0:
+            return self.call(f"p{i}", "put", f"k{m % KEYS}", i)
+        return self.call(f"g{i}", "get", f"k{(m + m % 3) % KEYS}")
+
+    def call(self, base: str, op: str, key: str, value: Any = None) -> Any:
+        """op until it succeeds. A SupervisionError leaves the outcome open (the proc may have
+        run it before it died): the call is issued again under a new token, a new operation.
+        A missed deadline does not: the call stays outstanding, and is waited for again."""
+        actor = self.kv.slice(**{self.dim: int(key[1:]) % self.n})
+        args = (key,) if op == "get" else (key, value)
+        record = {"op": op, "key": key} if op == "get" else {"op": op, "key": key, "value": value}
+        h, t = self.history, self.timeout_s
+        for a in range(MAX_ATTEMPTS):
+            tok = f"{base}.{a}"
+            if h:
+                h.invoke(tok, record, replaying=self.s.replaying)
+            try:
+                fut = getattr(actor, op).call_one(tok, *args)
+                for _ in range(MAX_ATTEMPTS):
+                    try:
+                        out = fut.get(timeout=t)
+                        break
+                    except TimeoutError as e:
+                        if h:
+                            h.timeout(tok, record, replaying=self.s.replaying)
+                        self.s.log("register call past its deadline; waiting for it again", call=tok,
+                                   error=str(e)[:200])
+                else:
+                    raise RuntimeError(f"{tok}: no answer after {MAX_ATTEMPTS} deadlines")
+            except SupervisionError as e:
+                self.retries["supervision"] += 1
+                if h:
+                    h.unknown(tok, record, str(e), replaying=self.s.replaying)
+                self.s.log("register call failed; issuing it again", call=tok, error=str(e)[:200])
+                if not self.s.replaying:
+                    time.sleep(0.05)
+                continue
+            if h:
+                h.ok(tok, record, out, replaying=self.s.replaying)
+            return out
+        raise RuntimeError(f"{base}: no success after {MAX_ATTEMPTS} attempts")
+
+
 class Workload:
     def __init__(self, s: Session, w, n_procs: int, timeout_s: float, payload: int) -> None:
         self.s, self.w, self.n = s, w, n_procs
         self.timeout_s = timeout_s
         self.payload = payload
         self.retries = {"supervision": 0, "timeout": 0}
+        self.dim = "hosts" if w.dims.get("hosts", 1) > 1 else "procs"  # the dimension the actors spread over
 
     def attempt(self, base: str, fn):
         """fn(token) until it succeeds; each try is a new call (a new token)."""
@@ -92,10 +208,10 @@ class Workload:
             return self.attempt(f"s{i}", lambda tok: sorted(v for _, v in w.square.stream(tok, i).iter(timeout=t)))
         if k == 4:
             r = i % self.n
-            return self.attempt(f"o{i}", lambda tok: w.slice(procs=r).square.call_one(tok, i).get(timeout=t))
+            return self.attempt(f"o{i}", lambda tok: w.slice(**{self.dim: r}).square.call_one(tok, i).get(timeout=t))
         data = np.arange(self.payload // 8, dtype=np.int64) * i
         r = i % self.n
-        return self.attempt(f"e{i}", lambda tok: w.slice(procs=r).echo.call_one(tok, data).get(timeout=t))
+        return self.attempt(f"e{i}", lambda tok: w.slice(**{self.dim: r}).echo.call_one(tok, data).get(timeout=t))
 
 
 def _policy() -> RestartPolicy | None:
@@ -130,19 +246,29 @@ def main() -> int:
             if leaders:
                 with open(leaders, "a") as f:
                     f.write(f"{os.getpid()} {time.time():.6f}\n")
-            procs = s.spawn_procs(per_host={"procs": n_procs})
+            on_hosts = int(env.get("REGENT_CHAOS_HOSTS", "0"))  # one proc on each of N cluster hosts
+            if on_hosts:
+                procs = s.host_mesh(hosts=on_hosts).spawn_procs(per_host={"procs": 1})
+                n_procs = on_hosts
+            else:
+                procs = s.spawn_procs(per_host={"procs": n_procs})
             w = procs.spawn("w", Echo, env["REGENT_CHAOS_LEDGER"], delay_s, restart=_policy())
+            state_dir = os.path.join(env["REGENT_CHAOS_LEDGER"], "registers", s.sid)
+            kv = procs.spawn("kv", Register, env["REGENT_CHAOS_LEDGER"], state_dir, restart=_policy())
             work = Workload(s, w, n_procs, timeout_s, payload)
-            out = []
+            registers = Registers(s, kv, n_procs, timeout_s, HistoryLog.from_env(s.sid), work.retries)
+            out, kv_out = [], []
             for i in range(steps):
                 out.append(work.step(i))
+                kv_out.append(registers.step(i))
                 if not s.replaying:
                     print(f"step {i}", file=sys.stderr, flush=True)
                     if pace_s:
                         time.sleep(pace_s)
             # A last call on every actor: per-sender FIFO puts every broadcast before it.
             out.append(work.attempt("final", lambda tok: w.square.call(tok, -1).get(timeout=timeout_s).values()))
-            print(json.dumps({"out": out, "retries": work.retries, "stats": s.stats, "role": s.role,
+            kv_out.append([registers.call(f"final-k{j}", "get", f"k{j}") for j in range(KEYS)])
+            print(json.dumps({"out": out, "kv": kv_out, "retries": work.retries, "stats": s.stats, "role": s.role,
                               "sid": s.sid}), flush=True)
     except LeadershipLost as e:
         print(f"deposed: {e}", file=sys.stderr, flush=True)

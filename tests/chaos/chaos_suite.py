@@ -24,6 +24,9 @@ def record_figures(name: str, run) -> None:
             "failed_points": r.failed_points,
             "timed_out": r.timed_out_points, "failovers_s": r.failovers_s, "duration_s": r.duration_s,
             "retries": r.retries, "ok": r.ok}
+    figures = getattr(run.cluster, "figures", None)  # what a cluster measures besides the checker
+    if figures is not None:
+        line.update(figures())
     with Path(FIGURES).open("a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -40,4 +43,8 @@ def assert_verdict(run, name: str) -> None:
     assert r.unjournaled == [], detail
     assert r.journal_ok, detail
     assert r.results_equal, detail
+    # Porcupine, a checker regent did not write, on the register's history as the controllers saw it.
+    lin = r.linearizability
+    assert lin is not None and lin.result != "unchecked", f"register history not checked: {lin and lin.summary()}"
+    assert lin.ok and lin.operations > 0, detail
     assert r.ok, detail
