@@ -11,6 +11,7 @@ import pytest
 from regent.chaos import ToxiproxyNotInstalled, ToxiproxyServer, find_toxiproxy_server
 from regent.chaos.etcd import LocalEtcd, etcd_binary
 from regent.chaos.run import fault_free
+from tests.support.porcupine import porcupine_binary
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,12 @@ def toxiproxy() -> Iterator[ToxiproxyServer]:
         pytest.skip(f"{e} (build it with scripts/install_toxiproxy.sh)")
     with ToxiproxyServer(binary) as server:
         yield server
+
+
+@pytest.fixture(scope="module", autouse=True)
+def porcupine():
+    """regent-porcupine, which checks every run's register history (built when missing)."""
+    return porcupine_binary()
 
 
 @pytest.fixture(scope="module")
