@@ -315,6 +315,8 @@ def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]],
                 effect += f"; {n_fail} call points failed (SupervisionError seen, calls retried)"
         elif e.kind == "kill" and e.target == "etcd":
             effect = "etcd SIGKILLed; the session waits for it"
+        elif e.kind == "kill" and role.startswith("etcd"):
+            effect = "etcd member SIGKILLed; the others elect a leader if it led, and the client moves on"
         elif e.kind == "restart":
             effect = "etcd started again on the same data"
         elif e.kind == "kill" and e.target == "host":

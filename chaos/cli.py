@@ -1,5 +1,7 @@
 """`regent chaos run SCENARIO`: the workload (or a given program) under a scenario file,
-with its own Toxiproxy server and etcd, then the checker's report."""
+with its own Toxiproxy server and etcd, then the checker's report. With `--hosts`, across
+namespace hosts made for the run (root only): controllers, workers and a 3-member etcd on
+hosts of their own, for scenarios with packet faults (chaos.packets)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttl", type=float, default=1.0, help="leader lease ttl, s (default 1)")
     p.add_argument("--standbys", type=int, default=1)
     p.add_argument("--workdir", default=None, help="logs, ledger (default: a new temporary folder)")
+    p.add_argument("--hosts", action="store_true",
+                   help="run across namespace hosts (needs root, etcd, nftables): 2 controller hosts, "
+                        "3 workers, 3 etcd members; packet faults target hosts and roles (docs/chaos.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,13 +39,41 @@ def run(args: argparse.Namespace) -> int:
     env = {"REGENT_CHAOS_STEP_S": str(args.step_s), "REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout)}
     shape = {"steps": args.steps, "program": Path(args.program), "ttl_s": args.ttl}
     name = f"chaos-{schedule.name or Path(args.scenario).stem}-{os.getpid()}"
-    with ToxiproxyServer() as server, LocalEtcd(workdir / "etcd") as etcd:
-        expected = fault_free(server, etcd, workdir / "fault-free", f"{name}-ref", proxied_workers=False,
-                              env={"REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout)}, **shape)
-        result = run_schedule(server, etcd, workdir, name, schedule, expected=expected, env=env,
-                              standbys=args.standbys, **shape)
+    if args.hosts:
+        result = _run_on_hosts(schedule, workdir, name, args, env, shape)
+    else:
+        result = _run_here(schedule, workdir, name, args, env, shape)
     print(result.report.text())
     for err in result.runner_errors:
         print(f"  not applied: {err}")
+    figures = getattr(result.cluster, "figures", None)
+    if figures is not None:
+        print(f"  {figures()}")
     print(f"logs and ledger: {workdir}")
     return 0 if result.report.ok else 1
+
+
+def _run_here(schedule, workdir: Path, name: str, args: argparse.Namespace, env: dict, shape: dict):
+    with ToxiproxyServer() as server, LocalEtcd(workdir / "etcd") as etcd:
+        expected = fault_free(server, etcd, workdir / "fault-free", f"{name}-ref", proxied_workers=False,
+                              env={"REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout)}, **shape)
+        return run_schedule(server, etcd, workdir, name, schedule, expected=expected, env=env,
+                            standbys=args.standbys, **shape)
+
+
+def _run_on_hosts(schedule, workdir: Path, name: str, args: argparse.Namespace, env: dict, shape: dict):
+    from regent.chaos.hostcluster import make_hosts
+    from regent.chaos.netns import unavailable_reason
+    from regent.chaos.run import fault_free_on_hosts, run_on_hosts
+
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"regent chaos run --hosts: {reason}")
+    hosts = make_hosts(workdir / "hosts")
+    try:
+        expected = fault_free_on_hosts(hosts, workdir / "fault-free", f"{name}-ref",
+                                       env={"REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout)}, **shape)
+        return run_on_hosts(hosts, workdir, name, schedule, expected=expected, env=env, standbys=args.standbys,
+                            **shape)
+    finally:
+        hosts.close()

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -41,9 +42,10 @@ HOST_ROLES = ("primary", "standby", "controllers", "workers", "etcd", "etcd-lead
               "etcd-followers", "all")
 
 
-def make_hosts(workdir, agents: int = 3, controllers: int = 2, members: int = 3) -> MultiHost:
+def make_hosts(workdir: Path, agents: int = 3, controllers: int = 2, members: int = 3) -> MultiHost:
     """The hosts of a chaos run: agents h1.., controller hosts c1.., etcd members e1.. (started)."""
-    return MultiHost(workdir, [f"h{i + 1}" for i in range(agents)], [f"c{i + 1}" for i in range(controllers)],
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    return MultiHost(Path(workdir), [f"h{i + 1}" for i in range(agents)], [f"c{i + 1}" for i in range(controllers)],
                      cluster="chaos", etcd_members=[f"e{i + 1}" for i in range(members)]).start()
 
 

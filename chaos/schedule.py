@@ -186,7 +186,7 @@ class Schedule:
                 if unknown:
                     raise ScheduleError(
                         f"faults[{i}] ({fault.kind}): no host or role named {unknown[0]!r}; known: "
-                        f"{', '.join(sorted(known_hosts)) or 'none (this run has no namespace hosts)'}"
+                        f"{', '.join(sorted(known_hosts)) or 'none: packet faults need namespace hosts (regent chaos run --hosts)'}"
                     )
                 continue
             pool, what, whats = (
