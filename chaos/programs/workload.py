@@ -121,6 +121,7 @@ class Registers:
         self.timeout_s = timeout_s
         self.history = history
         self.retries = retries
+        retries.setdefault("waited_again", 0)  # register calls past their deadline, waited for again
         dims = kv.dims  # {"procs": N} here, {"hosts": N, "procs": 1} across hosts: slice the long one
         self.dim = max(dims, key=dims.__getitem__)
 
@@ -151,6 +152,7 @@ class Registers:
                         out = fut.get(timeout=t)
                         break
                     except TimeoutError as e:
+                        self.retries["waited_again"] += 1
                         if h:
                             h.timeout(tok, record, replaying=self.s.replaying)
                         self.s.log("register call past its deadline; waiting for it again", call=tok,

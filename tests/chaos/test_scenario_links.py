@@ -74,13 +74,14 @@ def test_a_black_holed_proc_link_fails_calls_at_their_deadline_never_later(toxip
     took = time.monotonic() - t0
     assert_verdict(run, "timeout (black hole)")
     r = run.report
-    # The program saw its deadline pass and issued the call again. The timed-out call itself
+    # The program saw its deadline pass and issued the call again (or, for a register call,
+    # waited for it again: the black hole may catch one first). The timed-out call itself
     # stays outstanding (as a Ray task whose get timed out): once the link heals it is sent
     # again under its own id, and it runs once, journaled like any other call.
-    assert r.retries["timeout"] >= 1, r.text()
+    assert r.retries["timeout"] + r.retries["waited_again"] >= 1, r.text()
     assert any("timed out" in f.effect for f in r.faults), r.text()
     # No hang beyond the deadline: at most the black hole plus one deadline per retry round.
-    assert took < 3.0 + 2.0 * (r.retries["timeout"] + 1) + 20, took
+    assert took < 3.0 + 2.0 * (r.retries["timeout"] + r.retries["waited_again"] + 1) + 20, took
 
 
 def test_slicer_and_limit_data_fragment_and_cut_frames_and_nothing_is_misparsed(toxiproxy, etcd, baseline,

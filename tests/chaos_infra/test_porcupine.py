@@ -254,3 +254,33 @@ def test_the_register_keeps_its_writes_across_a_sigkill_of_its_proc(tmp_path):
     assert got == (1, "a;b;")
     runs = read_ledger(ledger)
     assert {e.incarnation for e in runs if e.method == "get"} == {1} and {e.pid for e in runs} - {pid}
+
+
+def test_a_register_call_past_its_deadline_is_waited_for_not_issued_again(porcupine, tmp_path):
+    """A second put issued while the first is still outstanding could land after later writes;
+    the workload waits for the same call instead, and the history holds one operation."""
+    import threading
+
+    from regent.chaos.faults import pause, resume
+    from regent.chaos.ledger import read_ledger
+    from regent.chaos.programs.workload import Register, Registers
+    from regent.controller import Session
+
+    ledger = tmp_path / "ledger"
+    with Session("register-deadline") as s:
+        kv = s.spawn_procs(per_host={"procs": 1}).spawn("kv", Register, str(ledger), str(tmp_path / "state"))
+        retries = {"supervision": 0, "timeout": 0}
+        regs = Registers(s, kv, 1, 0.3, HistoryLog(tmp_path / "history", s.sid), retries)
+        regs.call("p0", "put", "k0", 0)
+        (pid,) = {e.pid for e in read_ledger(ledger)}
+        pause(pid)
+        threading.Timer(1.2, resume, args=(pid,)).start()
+        regs.call("p1", "put", "k0", 1)
+        assert regs.call("g2", "get", "k0") == 1
+    assert retries["waited_again"] >= 2 and retries["supervision"] == 0
+    events, _ = read_history(tmp_path / "history")
+    assert sorted({e.op for e in events}) == ["g2.0", "p0.0", "p1.0"]  # one token each: never issued again
+    assert [e.kind for e in events if e.op == "p1.0"][0] == "invoke"
+    assert {e.kind for e in events if e.op == "p1.0"} == {"invoke", "timeout", "ok"}
+    v = check_history(tmp_path / "history", run=s.sid)
+    assert v.ok and v.operations == 3 and v.pending == 0, v.summary()
