@@ -393,6 +393,12 @@ SHIPPED = sorted((Path(__file__).resolve().parents[2] / "chaos" / "scenarios").g
 def test_shipped_scenarios_are_valid(path: Path) -> None:
     schedule = load_schedule(path)
     assert schedule.name and schedule.faults
+    if path.name.startswith("hosts_"):  # for regent chaos run --hosts: its hosts, roles and processes
+        from regent.chaos.hostcluster import HOST_ROLES
+
+        names = ["c1", "c2", "h1", "h2", "h3", "e1", "e2", "e3"]
+        procs = ["controller", "standby", "etcd-leader", "etcd-follower", "agent/h1", "proc/h1", "etcd/e1"]
+        schedule.check_targets([], procs, [*HOST_ROLES, *names])
 
 
 HOSTS = ("c1", "c2", "e1", "e2", "e3", "primary", "etcd-leader", "workers")
