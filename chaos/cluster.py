@@ -36,6 +36,7 @@ from regent.chaos.net import ChaosNet
 from regent.chaos.runner import ScheduleRunner
 from regent.chaos.schedule import Schedule
 from regent.chaos.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer, ToxiproxyWatchdog
+from regent.controller.session import DEPOSED_EXIT_STATUS
 from regent.worker import discovery, procinfo
 
 __all__ = ["ChaosCluster", "Controller", "RoleNet", "WORKLOAD"]
@@ -284,7 +285,7 @@ class ChaosCluster:
                     c.popen.wait()
             self.winner, self.result = done, result
             return True
-        failed = [c for c in self.controllers if c.popen.poll() not in (None, 0, -9, 3, 4)]
+        failed = [c for c in self.controllers if c.popen.poll() not in (None, 0, -9, 3, 4, DEPOSED_EXIT_STATUS)]
         if len(failed) > 8 * (1 + self.standbys):
             self.result = {"error": f"{len(failed)} controllers failed"}
             return True

@@ -23,6 +23,8 @@ from regent.journal.hosts import (
     registered_hosts,
 )
 
+AUTO = "auto"
+
 
 def _literal_ip(text: str) -> str:
     try:
@@ -43,8 +45,9 @@ def _cluster_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=os.environ.get("REGENT_JOURNAL"),
                    help="the store hosts register in: etcd://a:2379[,b:2379...] or sqlite:///path "
                         "(default $REGENT_JOURNAL)")
-    p.add_argument("--advertise", required=True, type=_literal_ip,
-                   help="this node's literal IP address, as the controller and the other hosts reach it")
+    p.add_argument("--advertise", required=True, type=lambda v: v if v == AUTO else _literal_ip(v),
+                   help="this node's literal IP address, as the controller and the other hosts reach it; "
+                        "'auto': the address this node reaches the store from (launchers use it)")
     p.add_argument("--bind", default=None, type=_literal_ip,
                    help="the address to listen on (default: --advertise; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=0, help="the agent's port (default: any free one)")
@@ -72,6 +75,12 @@ def cluster_agent(argv: list[str]) -> int:
         print(f"regent host: --ttl {a.ttl:g} must lie between 0.5 and 60 seconds", file=sys.stderr)
         return 2
     name = a.name or check_name(socket.gethostname().split(".")[0], "hostname (pass --name)")
+    if a.advertise == AUTO:
+        a.advertise = _address_toward_store(a.store)
+        if a.advertise is None:
+            print(f"regent host: --advertise auto: no address of this node routes to the store {a.store} "
+                  "off loopback; give --advertise IP", file=sys.stderr)
+            return 2
     bind = a.bind or a.advertise
     if not is_loopback(bind) and os.environ.get("REGENT_SECURE") != "1":
         os.environ["REGENT_SECURE"] = "1"  # off loopback every socket is CURVE: this agent's and its procs'
@@ -111,6 +120,14 @@ def cluster_agent(argv: list[str]) -> int:
 
     serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join)
     return 0
+
+
+def _address_toward_store(store: str) -> str | None:
+    from regent.journal.etcd_target import local_address_toward
+
+    if not store.startswith(("etcd://", "etcds://")):
+        return None
+    return local_address_toward(store)
 
 
 def _pin_interfaces(advertise: str) -> None:

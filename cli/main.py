@@ -10,7 +10,6 @@ import runpy
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,20 +67,17 @@ def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
-    # The run is over when one controller finishes it; standbys then find an ended
-    # session, which they would start anew, so they are stopped.
-    while True:
-        for p in procs:
-            code = p.poll()
-            if code is not None and code != -signal.SIGKILL:
-                for other in procs:
-                    if other is not p and other.poll() is None:
-                        other.kill()
-                        other.wait()
-                return code
-        if all(p.poll() is not None for p in procs):
-            return 1
-        time.sleep(0.05)
+    # The run is over when a controller ends it (one deposed or SIGKILLed while a standby
+    # runs does not); standbys would find an ended session, which they start anew: stopped.
+    from regent.cli.launch.common import supervise
+
+    return supervise(procs)
+
+
+def _cmd_launch(args: argparse.Namespace, rest: list[str]) -> int:
+    from regent.cli.launch import run
+
+    return run(args, rest)
 
 
 def _cmd_chaos(args: argparse.Namespace, rest: list[str]) -> int:
@@ -229,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     from regent.chaos.cli import add_arguments as _chaos_arguments
 
     _chaos_arguments(chaos_sub.add_parser("run", help="run SCENARIO (a .toml or .json file), print the report"))
+    from regent.cli.launch import add_parsers as _launch_parsers
+
+    _launch_parsers(sub)
     jr = sub.add_parser("journal", help="inspect a session's journal")
     jr.add_argument("--journal", default=os.environ.get("REGENT_JOURNAL"),
                     help="etcd://host:port, etcds://host:port?ca=..&cert=..&key=.. (TLS; add &user=NAME "
@@ -272,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = {"host": _cmd_host, "hosts": _cmd_hosts, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal,
-             "chaos": _cmd_chaos}
+             "chaos": _cmd_chaos, "launch": _cmd_launch}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         args, rest = parser.parse_args(argv[:1]), argv[1:]
     elif argv and argv[0] == "run":
         args, rest = parser.parse_known_args(argv)
-    elif argv and argv[0] == "journal" and "--" in argv:  # replay: the program's own arguments
+    elif argv and argv[0] in ("journal", "launch") and "--" in argv:  # the program's own arguments
         cut = argv.index("--")
         args, rest = parser.parse_args(argv[:cut]), argv[cut + 1:]
     else:

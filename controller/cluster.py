@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -192,16 +191,12 @@ def controller_address(journal_url: str, secure: bool) -> str:
                              "address of this machine that the hosts reach") from None
     if not secure or not journal_url.startswith(("etcd://", "etcds://")):
         return "127.0.0.1"
-    from regent.journal.etcd_target import parse_etcd_url
+    from regent.journal.etcd_target import local_address_toward, parse_etcd_url
 
-    host, port = parse_etcd_url(journal_url).addresses[0]
-    if is_loopback(host):
+    if is_loopback(parse_etcd_url(journal_url).addresses[0][0]):
         return "127.0.0.1"
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, port))  # picks the route and source address; sends nothing
-            return s.getsockname()[0]
-    except OSError as e:
-        log.warning("cannot tell which local address reaches the store; listening on loopback",
-                    store=host, error=str(e))
+    found = local_address_toward(journal_url)
+    if found is None:
+        log.warning("cannot tell which local address reaches the store; listening on loopback", store=journal_url)
         return "127.0.0.1"
+    return found

@@ -11,8 +11,10 @@ is the same Session on an edge that only reads the journal.
 
 from __future__ import annotations
 
+import os
 import pickle
 import random as _random
+import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
@@ -47,6 +49,27 @@ from regent.worker.logsetup import configure_logging
 log = structlog.get_logger("regent.session")
 T = TypeVar("T")
 
+# A program that ends on an uncaught LeadershipLost or FencedError exits with this status
+# (EX_TEMPFAIL): it was deposed, and a standby carries its run on. Supervisors (regent run,
+# the launchers) wait for the standby instead of ending the run on it.
+DEPOSED_EXIT_STATUS = 75
+
+
+def _install_deposed_exit() -> None:
+    previous = sys.excepthook
+    if getattr(previous, "regent_deposed", False):
+        return
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        previous(exc_type, exc, tb)
+        if issubclass(exc_type, (LeadershipLost, FencedError)):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(DEPOSED_EXIT_STATUS)  # an uncaught exception would exit 1, as a failed run does
+
+    hook.regent_deposed = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
 class Session:
     """A regent session: `with Session("name") as s: ...`.
 
@@ -66,6 +89,7 @@ class Session:
         if not name or "/" in name or len(name) > 128:
             raise ValueError(f"session name {name!r} must be 1..128 characters without '/'")
         configure_logging(only_if_unconfigured=True)
+        _install_deposed_exit()
         self.name = name
         self._closed = False
         self._lost: str | None = None

@@ -33,7 +33,7 @@ def compacted_key(session: str) -> bytes:
     return session_prefix(session) + b"compacted"
 
 
-# Clusters live beside the sessions: /regent/clusters/<cluster>/hosts/<host id>.
+# Clusters live beside the sessions: /regent/clusters/<cluster>/hosts/<host id> (and /values/<name>).
 CLUSTERS = ROOT + b"clusters/"
 
 
@@ -43,3 +43,8 @@ def host_prefix(cluster: str) -> bytes:
 
 def host_key(cluster: str, host_id: str) -> bytes:
     return host_prefix(cluster) + host_id.encode()
+
+
+def cluster_value_key(cluster: str, name: str) -> bytes:
+    """/regent/clusters/<cluster>/values/<name>: facts about a cluster, beside its hosts."""
+    return CLUSTERS + cluster.encode() + b"/values/" + name.encode()

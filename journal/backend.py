@@ -203,6 +203,13 @@ class Backend(Protocol):
     def cluster_hosts(self, cluster: str) -> list[tuple[str, bytes]]:
         """(host id, value) of every host of `cluster` whose lease still runs, by id."""
 
+    def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
+        """Store `value` as `cluster`'s `name` unless one is stored already; the stored one
+        (first writer wins: a cluster-wide fact, such as its run having ended)."""
+
+    def cluster_value(self, cluster: str, name: str) -> bytes | None:
+        """`cluster`'s value `name`, or None."""
+
     def delete_session(self, session: str) -> None: ...
 
     def close(self) -> None: ...

@@ -38,6 +38,7 @@ from ._etcd_keys import (
     CLUSTERS,
     ROOT,
     checkpoint_key,
+    cluster_value_key,
     compacted_key,
     host_key,
     host_prefix,
@@ -543,6 +544,18 @@ class EtcdStore:
         prefix = host_prefix(cluster)
         found = self._retry(lambda: list(self._client.get_prefix(prefix)), what="list hosts")
         return sorted((meta.key[len(prefix):].decode("utf-8", "replace"), value) for value, meta in found)
+
+    def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
+        key = cluster_value_key(cluster, name)
+        t = self._client.transactions
+        ok, responses = self._retry(lambda: self._txn([t.create(key) == 0], [t.put(key, value)], [t.get(key)]),
+                                    what="claim a cluster value")
+        kvs = responses[-1] if not ok and responses else []
+        return kvs[0][0] if kvs else value  # a retry whose first try committed finds its own value
+
+    def cluster_value(self, cluster: str, name: str) -> bytes | None:
+        value, _ = self._retry(lambda: self._client.get(cluster_value_key(cluster, name)), what="read a cluster value")
+        return value
 
     def delete_session(self, session: str) -> None:
         prefix = session_prefix(session)

@@ -204,3 +204,20 @@ def _tls(from_url: dict[str, str], from_env: dict[str, str], shown: str) -> Etcd
         name: None if path is None else path.expanduser().resolve() for name, path in paths.items()
     }
     return EtcdTls(resolved["ca"], resolved["cert"], resolved["key"], origin)
+
+
+def local_address_toward(url: str) -> str | None:
+    """The local address this machine reaches the first etcd member of `url` from (the
+    route's source address: sends nothing), or None when that member is on loopback or no
+    route leads there. An address that reaches the store is one the cluster reaches too."""
+    import socket
+
+    host, port = parse_etcd_url(url).addresses[0]
+    if host in ("localhost", "") or host.startswith("127.") or host == "::1":
+        return None
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None

@@ -168,3 +168,33 @@ class HostMembership:
         self.joined.set()
         log.info("host registered", cluster=self.cluster, host=self.host_id, address=record.address,
                  incarnation=record.incarnation, store=self.backend.url, ttl_s=self.ttl_s)
+
+
+RUN_ENDED = "run-ended"
+
+
+def end_run(backend: Backend, cluster: str, status: int, by: str) -> dict:
+    """Record that `cluster`'s run ended with `status` (the first to say so wins); what is
+    recorded. Launchers whose controllers a scheduler restarts (a Kubernetes Deployment) read
+    it so that a controller started after the end does not start the program anew."""
+    check_name(cluster, "cluster name")
+    value = json.dumps({"status": int(status), "by": by, "at": time.time()}).encode()
+    return _run_end(backend.claim_cluster_value(cluster, RUN_ENDED, value)) or {"status": status, "by": by}
+
+
+def run_ended(backend: Backend, cluster: str) -> dict | None:
+    """{"status", "by", "at"} once `cluster`'s run has ended, else None."""
+    check_name(cluster, "cluster name")
+    value = backend.cluster_value(cluster, RUN_ENDED)
+    return None if value is None else _run_end(value)
+
+
+def _run_end(value: bytes) -> dict | None:
+    try:
+        data = json.loads(value)
+        if isinstance(data, dict) and isinstance(data.get("status"), int) and isinstance(data.get("by"), str):
+            return data
+    except (ValueError, UnicodeDecodeError):
+        pass
+    log.warning("a malformed run-ended record in the store was ignored", value=value[:200])
+    return None

@@ -45,6 +45,8 @@ CREATE TABLE IF NOT EXISTS hosts (
     cluster TEXT NOT NULL, id TEXT NOT NULL, body BLOB NOT NULL, token TEXT NOT NULL,
     ttl REAL NOT NULL, expires_at REAL NOT NULL, mono_expires_at REAL, clock TEXT,
     PRIMARY KEY (cluster, id));
+CREATE TABLE IF NOT EXISTS cluster_values (
+    cluster TEXT NOT NULL, name TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (cluster, name));
 """
 
 # Columns added to `leader` since the first version: the monotonic expiry and its clock.
@@ -513,6 +515,19 @@ class SqliteStore:
             (cluster,),
         ).fetchall()
         return [(r[0], bytes(r[1])) for r in rows if self._live(r[2], r[3], r[4])]
+
+    def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
+        with self._write() as conn:
+            conn.execute("INSERT OR IGNORE INTO cluster_values (cluster, name, body) VALUES (?, ?, ?)",
+                         (cluster, name, value))
+            row = conn.execute("SELECT body FROM cluster_values WHERE cluster = ? AND name = ?",
+                               (cluster, name)).fetchone()
+        return bytes(row[0])
+
+    def cluster_value(self, cluster: str, name: str) -> bytes | None:
+        row = self._conn().execute("SELECT body FROM cluster_values WHERE cluster = ? AND name = ?",
+                                   (cluster, name)).fetchone()
+        return None if row is None else bytes(row[0])
 
     def delete_session(self, session: str) -> None:
         # The epoch counter stays: a recreated session must still never reuse an epoch.

@@ -10,7 +10,15 @@ import uuid
 import pytest
 
 from regent.journal import Journal
-from regent.journal.hosts import HostMembership, HostRecord, literal_address, registered_hosts
+from regent.journal.hosts import (
+    RUN_ENDED,
+    HostMembership,
+    HostRecord,
+    end_run,
+    literal_address,
+    registered_hosts,
+    run_ended,
+)
 
 
 def _record(host_id: str, incarnation: str = "i1", address: str = "tcp://10.0.0.1:5000") -> HostRecord:
@@ -104,3 +112,19 @@ def test_membership_keeps_the_host_registered_across_a_store_outage(fresh_etcd, 
     finally:
         m.stop()
         j.close()
+
+
+def test_the_first_to_end_a_clusters_run_is_the_one_recorded(journal: Journal, cluster: str) -> None:
+    assert run_ended(journal.backend, cluster) is None
+    first = end_run(journal.backend, cluster, 3, by="pod-a")
+    assert first["status"] == 3 and first["by"] == "pod-a"
+    again = end_run(journal.backend, cluster, 0, by="pod-b")  # a standby that found the run over
+    assert again["by"] == "pod-a" and again["status"] == 3
+    assert run_ended(journal.backend, cluster)["by"] == "pod-a"
+    assert registered_hosts(journal.backend, cluster) == []  # a value is not a host
+    assert run_ended(journal.backend, f"{cluster}-other") is None
+
+
+def test_a_malformed_run_ended_record_is_ignored_and_said(journal: Journal, cluster: str) -> None:
+    journal.backend.claim_cluster_value(cluster, RUN_ENDED, b"\xff not json")
+    assert run_ended(journal.backend, cluster) is None

@@ -1,0 +1,122 @@
+"""What every launcher shares: checks made before anything starts (the program, the keys,
+the journal), the environment agents and programs get, and the rule that says when a run
+of primary + standbys is over and with which status."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from regent.controller.session import DEPOSED_EXIT_STATUS
+
+__all__ = ["LaunchError", "check_journal", "check_keys", "check_program", "ended_the_run", "etcd_command",
+           "launch_env", "supervise"]
+
+KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # as Popen and as a shell (or srun) report it
+
+
+class LaunchError(Exception):
+    """A launch that cannot go ahead; the message is the one line the user sees."""
+
+
+def check_program(path: str) -> Path:
+    program = Path(path).expanduser()
+    if not program.is_file():
+        raise LaunchError(f"no program at {path}: give the path of the controller program (PROGRAM.py)")
+    return program.resolve()
+
+
+def check_keys() -> Path:
+    """The cluster's CURVE keys (every launch is off loopback, so every socket uses them)."""
+    from regent.wire.security import keys_dir, load_credentials
+
+    try:
+        load_credentials(secure=True)
+    except RuntimeError as e:
+        raise LaunchError(str(e).splitlines()[0]) from None
+    return keys_dir()
+
+
+def check_journal(url: str, timeout_s: float = 3.0) -> str:
+    """`url` if some etcd member it names accepts a connection within `timeout_s`."""
+    from regent.journal.etcd_target import parse_etcd_url, redact
+
+    if not url.startswith(("etcd://", "etcds://")):
+        raise LaunchError(f"--journal {redact(url)}: a launch across machines needs etcd (etcd://HOST:2379[,...]); "
+                          "an SQLite file is only on one machine")
+    try:
+        target = parse_etcd_url(url)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    errors = []
+    for host, port in target.addresses:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return url
+        except OSError as e:
+            errors.append(f"{host}:{port}: {e.strerror or e}")
+    raise LaunchError(f"the journal {redact(url)} does not answer ({'; '.join(errors)}); start etcd there or "
+                      "give another --journal")
+
+
+def launch_env(cluster: str, journal: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What agents and programs of a launch get: the cluster, its journal, CURVE on."""
+    from regent.wire.security import regent_home
+
+    env = dict(os.environ if base is None else base)
+    env.update({"REGENT_CLUSTER": cluster, "REGENT_JOURNAL": journal, "REGENT_SECURE": "1",
+                "REGENT_HOME": str(regent_home()), "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def etcd_command(data_dir: str, address: str, port: int, name: str = "regent") -> list[str]:
+    """A single-member etcd serving clients on address:port (its peer port on loopback)."""
+    binary = shutil.which("etcd") or "etcd"
+    peer = f"http://127.0.0.1:{port + 1}"
+    return [binary, "--name", name, "--data-dir", data_dir,
+            "--listen-client-urls", f"http://{address}:{port}", "--advertise-client-urls", f"http://{address}:{port}",
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"{name}={peer}", "--log-level", "warn"]
+
+
+def ended_the_run(status: int, others_running: bool) -> bool:
+    """Whether a controller that exited with `status` ended the run: it did unless it was
+    deposed or killed while another controller (a standby) still runs to carry the run on."""
+    return not others_running or status not in (DEPOSED_EXIT_STATUS, *KILLED)
+
+
+def supervise(procs: Sequence[subprocess.Popen], stop: Callable[[subprocess.Popen], None] | None = None,
+              poll_s: float = 0.05) -> int:
+    """Wait until a controller ends the run; stop the others (standbys, which would take over
+    an ended session and start it anew); the run's status."""
+    stop = stop or _kill
+    while True:
+        for p in procs:
+            code = p.poll()
+            if code is None:
+                continue
+            others = [q for q in procs if q is not p and q.poll() is None]
+            if ended_the_run(code, bool(others)):
+                for q in others:
+                    stop(q)
+                return code
+        if all(p.poll() is not None for p in procs):
+            return procs[-1].returncode
+        time.sleep(poll_s)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    p.kill()
+    p.wait()
+
+
+def say(prog: str, line: str) -> None:
+    """What a launcher starts, and where: one line on stderr."""
+    print(f"{prog}: {line}", file=sys.stderr, flush=True)
