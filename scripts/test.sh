@@ -7,6 +7,8 @@ scripts/install_etcd.sh
 scripts/install_toxiproxy.sh
 scripts/install_porcupine.sh
 scripts/install_netns_tools.sh
+scripts/install_slurm.sh
+scripts/install_sshd.sh
 export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff check regent controller worker wire hipcore journal chaos cli tests bench examples
 .venv/bin/lint-imports  # the layering contracts in pyproject.toml
