@@ -97,18 +97,20 @@ def supervise(procs: Sequence[subprocess.Popen], stop: Callable[[subprocess.Pope
     """Wait until a controller ends the run; stop the others (standbys, which would take over
     an ended session and start it anew); the run's status."""
     stop = stop or _kill
+    waiting = list(procs)  # a controller deposed or killed while others ran leaves this list
     while True:
-        for p in procs:
-            code = p.poll()
-            if code is None:
-                continue
-            others = [q for q in procs if q is not p and q.poll() is None]
-            if ended_the_run(code, bool(others)):
-                for q in others:
-                    stop(q)
-                return code
-        if all(p.poll() is not None for p in procs):
-            return procs[-1].returncode
+        exited = [(p, code) for p in waiting if (code := p.poll()) is not None]
+        running = [p for p in waiting if p.returncode is None]
+        # A status that ends the run whoever else still runs; a deposed or killed one only
+        # when nobody is left to carry the run on.
+        final = next(((p, code) for p, code in exited if ended_the_run(code, others_running=True)), None)
+        if final is None and exited and not running:
+            final = exited[-1]
+        if final is not None:
+            for q in running:
+                stop(q)
+            return final[1]
+        waiting = running
         time.sleep(poll_s)
 
 

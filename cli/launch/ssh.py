@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remote-home", default="$HOME/.regent",
                    help="REGENT_HOME on the hosts ({host} is replaced by the host's name; default $HOME/.regent)")
     p.add_argument("--etcd-port", type=int, default=2379, help="this launch's own etcd client port (default 2379)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable of the program, here and on the standby's host (repeatable)")
 
 
 @dataclass
@@ -231,6 +233,8 @@ class SshLaunch:
             raise LaunchError("--hosts names no host: give them comma-separated, e.g. --hosts a,b,c")
         if a.standby_on and a.standby_on not in self.hosts:
             raise LaunchError(f"--standby-on {a.standby_on} is not one of --hosts {','.join(self.hosts)}")
+        for x in a.env:
+            _key_value(x)
         keys = check_keys()
         journal = check_journal(a.journal) if a.journal else None
         self.check_hosts()
@@ -242,15 +246,16 @@ class SshLaunch:
 
         if wait(journal, cluster, len(self.hosts), 60.0) != 0:
             raise LaunchError(f"the host agents did not all join cluster {cluster}; see their output above")
-        env = launch_env(cluster, journal)
+        extra = dict(_key_value(x) for x in a.env)
+        env = {**launch_env(cluster, journal), **extra}
         argv = [str(self.program), *self.args]
         self.controllers.append(subprocess.Popen([sys.executable, *argv], env=env))
         say(PROG, f"primary controller here (pid {self.controllers[0].pid}): {' '.join(argv)}")
         procs: list[subprocess.Popen] = list(self.controllers)
         if a.standby_on:
-            self.standby = self._remote(a.standby_on, {k: env[k] for k in ("REGENT_CLUSTER", "REGENT_JOURNAL",
-                                                                        "REGENT_SECURE", "PYTHONUNBUFFERED")},
-                                        [a.python, *argv], f"standby {a.standby_on}", cwd=os.getcwd())
+            remote_env = {k: env[k] for k in ("REGENT_CLUSTER", "REGENT_JOURNAL", "REGENT_SECURE", "PYTHONUNBUFFERED")}
+            self.standby = self._remote(a.standby_on, {**remote_env, **extra}, [a.python, *argv],
+                                        f"standby {a.standby_on}", cwd=os.getcwd())
             procs.append(self.standby.popen)
             say(PROG, f"standby controller on {a.standby_on}")
 
@@ -277,6 +282,13 @@ class SshLaunch:
         else:
             p.kill()
             p.wait()
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise LaunchError(f"--env {text!r}: write KEY=VALUE")
+    return key, value
 
 
 def _host_name(host: str) -> str:

@@ -39,3 +39,32 @@ def test_who_ends_a_run() -> None:
     assert not ended_the_run(DEPOSED_EXIT_STATUS, others_running=True)
     assert not ended_the_run(-9, others_running=True) and not ended_the_run(137, others_running=True)
     assert ended_the_run(DEPOSED_EXIT_STATUS, others_running=False)  # nobody left to carry it on
+
+
+class _Exited:
+    """A stand-in for a Popen that has exited (or not) with a given status."""
+
+    def __init__(self, code: int | None) -> None:
+        self.returncode = code
+        self.stopped = False
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        self.stopped = True
+        self.returncode = -9
+
+    def wait(self) -> int | None:
+        return self.returncode
+
+
+def test_supervise_takes_the_status_of_the_controller_that_ended_the_run() -> None:
+    from regent.cli.launch.common import supervise
+
+    # The killed primary and the standby that finished are seen together: the standby's counts.
+    assert supervise([_Exited(-9), _Exited(0)]) == 0
+    assert supervise([_Exited(DEPOSED_EXIT_STATUS), _Exited(1)]) == 1
+    standby = _Exited(None)
+    assert supervise([_Exited(0), standby]) == 0 and standby.stopped  # the run ended: the standby stops
+    assert supervise([_Exited(-9)]) == -9  # nobody carried it on
