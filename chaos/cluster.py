@@ -334,6 +334,15 @@ class ChaosCluster:
         self._stop.set()
         if self._toxiproxy_watch is not None:
             self._toxiproxy_watch.stop()
+        self._stop_controllers(exit_wait_s)
+        # The host agent and procs outlive the controllers; one left stopped would block
+        # Toxiproxy calls on its links (and the next test's calls to it).
+        for pid in [_host_pid_or_none(), *(_proc_pid(self.session, i) for i in range(self.n_procs))]:
+            if pid is not None:
+                process_faults.release(pid)
+        self.net.close()
+
+    def _stop_controllers(self, exit_wait_s: float) -> None:
         if self._monitor is not None:
             self._monitor.join(timeout=5)
         if self.winner is not None:
@@ -346,12 +355,6 @@ class ChaosCluster:
             if c.popen.poll() is None:
                 c.popen.kill()  # SIGKILL ends a paused controller too
                 c.popen.wait()
-        # The host agent and procs outlive the controllers; one left stopped would block
-        # Toxiproxy calls on its links (and the next test's calls to it).
-        for pid in [_host_pid_or_none(), *(_proc_pid(self.session, i) for i in range(self.n_procs))]:
-            if pid is not None:
-                process_faults.release(pid)
-        self.net.close()
 
     def log_tail(self, n: int = 30) -> str:
         text = ""

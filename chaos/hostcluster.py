@@ -15,7 +15,6 @@ processes "controller", "standby", "etcd-leader", "etcd-follower", "etcd/<member
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 import time
@@ -115,18 +114,7 @@ class HostChaosCluster(ChaosCluster):
 
     def stop(self, exit_wait_s: float = 30.0) -> None:
         self._stop.set()
-        if self._monitor is not None:
-            self._monitor.join(timeout=5)
-        if self.winner is not None:
-            try:
-                self.winner.popen.wait(exit_wait_s)
-            except subprocess.TimeoutExpired:
-                log.warning("the controller that finished the run did not exit; killing it",
-                            session=self.session, pid=self.winner.pid, waited_s=exit_wait_s)
-        for c in self.controllers:
-            if c.popen.poll() is None:
-                c.popen.kill()
-                c.popen.wait()
+        self._stop_controllers(exit_wait_s)
         mh = self.hosts
         for pid in [*(mh.agent_pid(h) for h in mh.agents), *(self._proc_on(h) for h in mh.agents),
                     *(self.etcd.pid(m) for m in self.etcd.members)]:

@@ -35,33 +35,11 @@ if [[ $FORCE -eq 0 && -x "$TARGET" && "$(cat "$STAMP" 2>/dev/null || true)" == "
     exit 0
 fi
 
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-    if command -v go >/dev/null 2>&1; then
-        GO="$(command -v go)"
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        GO=/usr/local/go/bin/go
-    else
-        echo "error: regent-porcupine is not built and no Go toolchain was found." >&2
-        echo "       Install Go (https://go.dev/dl/) or set GO=/path/to/go, then rerun $0." >&2
-        exit 1
-    fi
-fi
-
-if ! GO_PATH="$(command -v "$GO" 2>/dev/null)" || [[ ! -x "$GO_PATH" ]]; then
-    echo "error: the Go toolchain $GO is not an executable; set GO=/path/to/go and rerun $0." >&2
-    exit 1
-fi
-GO="$GO_PATH"
-
-mkdir -p "$BIN_DIR"
-export GOPATH="$TOOLS/gopath"
-export GOMODCACHE="$TOOLS/gopath/pkg/mod"
-export GOCACHE="$TOOLS/gocache"
+# shellcheck source=lib/go_env.sh
+source "$REPO/scripts/lib/go_env.sh"
+use_local_go regent-porcupine "$TOOLS"
 export GOFLAGS="-modcacherw -mod=readonly"  # go.mod and go.sum are the pin: never rewrite them
-export CGO_ENABLED=0
-# Let the toolchain already here build it; never download another Go.
-export GOTOOLCHAIN=local
+mkdir -p "$BIN_DIR"
 
 echo "building regent-porcupine (porcupine $version) with $("$GO" version) ..."
 start=$(date +%s)

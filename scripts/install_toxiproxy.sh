@@ -29,33 +29,10 @@ if [[ $FORCE -eq 0 ]]; then
     fi
 fi
 
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-    if command -v go >/dev/null 2>&1; then
-        GO="$(command -v go)"
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        GO=/usr/local/go/bin/go
-    else
-        echo "error: toxiproxy-server is not installed and no Go toolchain was found." >&2
-        echo "       Install Go (https://go.dev/dl/) or set GO=/path/to/go, then rerun $0." >&2
-        exit 1
-    fi
-fi
-
-if ! GO_PATH="$(command -v "$GO" 2>/dev/null)" || [[ ! -x "$GO_PATH" ]]; then
-    echo "error: the Go toolchain $GO is not an executable; set GO=/path/to/go and rerun $0." >&2
-    exit 1
-fi
-GO="$GO_PATH"
-
+# shellcheck source=lib/go_env.sh
+source "$REPO/scripts/lib/go_env.sh"
+use_local_go toxiproxy-server "$TOOLS"
 mkdir -p "$BIN_DIR"
-export GOPATH="$TOOLS/gopath"
-export GOMODCACHE="$TOOLS/gopath/pkg/mod"
-export GOCACHE="$TOOLS/gocache"
-export GOFLAGS="-modcacherw"
-export CGO_ENABLED=0
-# Let the toolchain already here build the release; never download another Go.
-export GOTOOLCHAIN=local
 
 echo "building toxiproxy $TOXIPROXY_VERSION with $("$GO" version) ..."
 start=$(date +%s)

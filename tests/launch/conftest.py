@@ -3,6 +3,8 @@ root; skipped with the reason otherwise)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,3 +37,12 @@ def ssh_hosts(tmp_path: Path) -> Iterator[SshHosts]:
         pytest.skip(reason)
     with SshHosts(tmp_path / "ssh", names=["h1", "h2", "h3"]) as hosts:
         yield hosts
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A REGENT_HOME holding the cluster's CURVE keys (`regent keys init`), as a user has."""
+    h = tmp_path / "home"
+    subprocess.run([sys.executable, "-m", "regent.cli", "keys", "init"], check=True, capture_output=True,
+                   env={**os.environ, "REGENT_HOME": str(h)})
+    return h

@@ -35,14 +35,6 @@ def _launch(*args: str, home: Path) -> subprocess.CompletedProcess:
                           text=True, env={**os.environ, "REGENT_HOME": str(home)}, timeout=60)
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    h = tmp_path / "home"
-    subprocess.run([sys.executable, "-m", "regent.cli", "keys", "init"], check=True, capture_output=True,
-                   env={**os.environ, "REGENT_HOME": str(h)})
-    return h
-
-
 def _objects(text: str) -> dict[tuple[str, str], dict]:
     return {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(text) if o}
 

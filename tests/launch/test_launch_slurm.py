@@ -45,14 +45,6 @@ def slurm3(tmp_path: Path) -> Iterator[SlurmCluster]:
         yield cluster
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    h = tmp_path / "home"
-    subprocess.run([sys.executable, "-m", "regent.cli", "keys", "init"], check=True, capture_output=True,
-                   env={**os.environ, "REGENT_HOME": str(h)})
-    return h
-
-
 def _launch(slurm: SlurmCluster, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "regent.cli", "launch", "slurm", *args], capture_output=True,
                           text=True, timeout=60, cwd=slurm.workdir,

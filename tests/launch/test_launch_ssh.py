@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import psutil
-import pytest
 
 from tests.failover.harness import check_exactly_once
 from tests.support.sshd import SshHosts
@@ -24,14 +23,6 @@ from tests.support.sshd import SshHosts
 REPO = Path(__file__).resolve().parents[2]
 MIXED = REPO / "tests" / "failover" / "programs" / "mixed.py"
 STEPS = 150
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    h = tmp_path / "home"
-    subprocess.run([sys.executable, "-m", "regent.cli", "keys", "init"], check=True, capture_output=True,
-                   env={**os.environ, "REGENT_HOME": str(h)})
-    return h
 
 
 def _argv(ssh_hosts: SshHosts, tmp_path: Path, *extra: str, session: str | None = None) -> list[str]:
