@@ -8,7 +8,14 @@ from regent.controller.mesh import ActorMesh, Endpoint, HostMesh, ProcMesh
 from regent.controller.replay import NonDeterminismError
 from regent.controller.session import Session
 from regent.journal import LeadershipLost
-from regent.worker.actor import Actor, context, current_rank, endpoint
+from regent.worker.actor import (
+    Actor,
+    concurrent_endpoint,
+    context,
+    current_rank,
+    current_size,
+    endpoint,
+)
 from regent.worker.errors import (
     ActorError,
     DivergenceError,
@@ -22,5 +29,5 @@ from regent.worker.supervision import RestartPolicy
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
     "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh",
-    "context", "current_rank", "endpoint",
+    "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint",
 ]

@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from regent.worker.shape import Point, point_of, select, size_of
+
 T = TypeVar("T")
 
 _PENDING = object()
@@ -117,34 +119,6 @@ class Future(Generic[T]):
         return self.get()
 
 
-class Point(Mapping[str, int]):
-    """Coordinates of one member of a mesh, with its rank in that mesh."""
-
-    __slots__ = ("rank", "_coords")
-
-    def __init__(self, rank: int, coords: dict[str, int]):
-        self.rank = rank
-        self._coords = coords
-
-    def __getitem__(self, key: str) -> int:
-        return self._coords[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._coords)
-
-    def __len__(self) -> int:
-        return len(self._coords)
-
-    def __repr__(self) -> str:
-        return f"Point({self.rank}, {self._coords})"
-
-    def __hash__(self) -> int:
-        return hash((self.rank, tuple(self._coords.items())))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Point) and other.rank == self.rank and other._coords == self._coords
-
-
 class ValueMesh(Generic[T]):
     """One value per point of the mesh a call was made on."""
 
@@ -178,17 +152,22 @@ class ValueMesh(Generic[T]):
             rank = rank * size + c
         return self._values[rank]
 
+    def slice(self, **sel: int | slice) -> ValueMesh[T]:
+        """Some of the values, as a mesh's `slice`: dim=i keeps index i and drops the dim,
+        dim=slice(a, b) keeps the dim, restricted (`vm.slice(procs=0).item()`)."""
+        dims, values = select(self._dims, self._values, sel)
+        return ValueMesh(dims, values)
+
+    def flatten(self, name: str) -> ValueMesh[T]:
+        """The same values in row-major order along one dim called `name`."""
+        return ValueMesh({name: len(self._values)}, self._values)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """How many values (dim=None), or the size of a dim (or the product of several)."""
+        return size_of(self._dims, dim)
+
     def __iter__(self) -> Iterator[tuple[Point, T]]:
         return self.items()
 
     def __repr__(self) -> str:
         return f"ValueMesh({self._dims}, {self._values!r})"
-
-
-def point_of(dims: Mapping[str, int], rank: int) -> Point:
-    coords: dict[str, int] = {}
-    rest = rank
-    for name, size in reversed(list(dims.items())):
-        coords[name] = rest % size
-        rest //= size
-    return Point(rank, dict(reversed(list(coords.items()))))

@@ -38,6 +38,7 @@ class Lifecycle:
         self.s = session
         self.hosts: list[str] = []
         self.actor_names: set[str] = set()
+        self.procs: list[ProcRef] = []  # every proc spawned, in the program's order
 
     def this_host(self) -> HostMesh:
         """The machine this controller runs on (the journal remembers which it was)."""
@@ -120,6 +121,7 @@ class Lifecycle:
                         runtime.mark_dead(ref, f"proc {ref.id} (pid {ref.pid}) is gone")
                 runtime.procs[ref.id] = ref
             procs.append(ref)
+        self.procs += procs
         s._finished(seq)
         return ProcMesh(s, procs, View.full({"hosts": len(hosts), dim: count}))
 
@@ -151,7 +153,7 @@ class Lifecycle:
         identity = (cls.__module__, cls.__qualname__, args, kwargs)
         digest = wire.call_digest(identity, wire.dumps(identity))
         sink = GatherSink(View.full(dims))
-        metas = [{"co": dict(point_of(dims, rank))} for rank in range(len(procs))]
+        metas = [{"co": dict(point_of(dims, rank)), "sz": dims} for rank in range(len(procs))]
         s._issue_call(Kind.SPAWN, "spawn", name, "__init__", frames, digest, procs, tuple(range(len(procs))),
                       sink, metas)
         policy = policy_of(restart)
@@ -170,14 +172,24 @@ class Lifecycle:
         return ActorMesh(s, name, cls, procs, dims)
 
     def stop_actors(self, mesh: ActorMesh) -> None:
+        """Stop these actors; once every member of the mesh is stopped its name is free again."""
         sink = GatherSink(mesh._view)
         self.s._issue_call(Kind.STOP, "stop", mesh.name, "__stop__", [], b"", mesh._procs, mesh._view.ranks, sink)
         sink.future.get()
+        if len(mesh._view) == len(mesh._procs):
+            self.actor_names.discard(mesh.name)
+            self.s._supervisor.meshes.pop(mesh.name, None)  # a mesh stopped is not restarted
 
-    def stop_procs(self, mesh: ProcMesh) -> None:
+    def shutdown_hosts(self, hosts: list[str]) -> None:
+        """Stop every proc of this session on these hosts that is not stopped already."""
+        on = set(hosts)
+        procs = list({id(p): p for p in self.procs if p.host in on and not p.stopped}.values())
+        if procs:
+            self.stop_procs(procs)
+
+    def stop_procs(self, procs: list[ProcRef]) -> None:
         """Stop these procs and the actors on them; supervision does not bring them back."""
         s, runtime = self.s, self.s.runtime
-        procs = mesh.procs()
         digest = wire.digest([msgpack.packb([p.key for p in procs])])
         seq, jc = s._begin("stop_procs", "", "stop_procs", digest)
         if jc is None:

@@ -7,14 +7,16 @@ broadcast. They all turn into the session's one call path.
 
 from __future__ import annotations
 
+import itertools
 import queue
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from regent.controller.futures import Future, Point, ValueMesh, point_of
+from regent.controller.futures import Future, Point, ValueMesh
 from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
+from regent.worker.shape import select, size_of
 from regent.worker.system import ProcGroup
 
 if TYPE_CHECKING:
@@ -37,31 +39,11 @@ class View:
         return View(dict(dims), tuple(range(n)))
 
     def slice(self, **sel: int | slice) -> View:
-        for name in sel:
-            if name not in self.dims:
-                raise KeyError(f"no dimension {name!r} to slice; this mesh has {list(self.dims)}")
-        picks: dict[str, list[int]] = {}
-        for name, size in self.dims.items():
-            s = sel.get(name)
-            if s is None:
-                picks[name] = list(range(size))
-            elif isinstance(s, slice):
-                picks[name] = list(range(size))[s]
-            elif isinstance(s, int) and not isinstance(s, bool):
-                if not -size <= s < size:
-                    raise IndexError(f"{name}={s} outside 0..{size - 1}")
-                picks[name] = [s % size]
-            else:
-                raise TypeError(f"slice {name}= takes an int or a slice, not {type(s).__name__}")
-        if any(not p for p in picks.values()):
-            raise IndexError(f"slice {sel} selects no members")
-        new_dims = {n: len(p) for n, p in picks.items() if not isinstance(sel.get(n), int)}
-        ranks = []
-        for i in range(len(self.ranks)):
-            coords = point_of(self.dims, i)
-            if all(coords[n] in picks[n] for n in self.dims):
-                ranks.append(self.ranks[i])
-        return View(new_dims, tuple(ranks))
+        dims, ranks = select(self.dims, self.ranks, sel)
+        return View(dims, tuple(ranks))
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        return size_of(self.dims, dim)
 
     def __len__(self) -> int:
         return len(self.ranks)
@@ -73,6 +55,7 @@ class HostMesh:
     def __init__(self, session: Session, hosts: list[str]):
         self._session = session
         self._hosts = hosts
+        self._shut = False
 
     @property
     def dims(self) -> dict[str, int]:
@@ -80,6 +63,30 @@ class HostMesh:
 
     def __len__(self) -> int:
         return len(self._hosts)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        return size_of(self.dims, dim)
+
+    def shutdown(self) -> None:
+        """Stop every proc this session started on these hosts, and the actors on them. The
+        host agents stay up (other sessions may use them); this handle spawns no more procs."""
+        self._shut = True
+        self._session._lifecycle.shutdown_hosts(self._hosts)
+
+    def __enter__(self) -> HostMesh:
+        if self._shut:
+            raise RuntimeError("this HostMesh was shut down; get another with s.this_host() or s.host_mesh()")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._shut:
+            self.shutdown()
+
+    async def __aenter__(self) -> HostMesh:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)
 
     def slice(self, hosts: int | slice) -> HostMesh:
         """Some of these hosts: hosts=i (one) or hosts=slice(a, b)."""
@@ -90,6 +97,8 @@ class HostMesh:
 
     def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
         """Start procs on every host: per_host={"procs": N} (or {"gpus": N}, one GPU each)."""
+        if self._shut:
+            raise RuntimeError("this HostMesh was shut down; get another with s.this_host() or s.host_mesh()")
         return self._session._lifecycle.spawn_procs(self._hosts, dict(per_host or {"procs": 1}))
 
 
@@ -108,6 +117,10 @@ class ProcMesh:
     def __len__(self) -> int:
         return len(self._view)
 
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """How many procs (dim=None), or the size of a dim (or the product of several)."""
+        return self._view.size(dim)
+
     def slice(self, **sel: int | slice) -> ProcMesh:
         return ProcMesh(self._session, self._procs, self._view.slice(**sel))
 
@@ -123,7 +136,21 @@ class ProcMesh:
         return self._session._lifecycle.spawn_actors(self, name, actor_class, args, kwargs, restart)
 
     def stop(self) -> None:
-        self._session._lifecycle.stop_procs(self)
+        """Stop these procs and the actors on them (journaled; supervision does not restart them)."""
+        self._session._lifecycle.stop_procs(self.procs())
+
+    def __enter__(self) -> ProcMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not all(p.stopped for p in self.procs()):
+            self.stop()
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)
 
     def init_process_group(self, backend: str = "auto", timeout_s: float = 300.0) -> str:
         """Join this mesh's procs to one torch.distributed process group; returns the backend.
@@ -135,8 +162,9 @@ class ProcMesh:
         ordinary journaled calls to a system actor (`worker.system.ProcGroup`), so a
         standby replays them and the procs, already in the group, are not asked twice.
         """
-        taken = sum(1 for a in self._session._lifecycle.actor_names if a.startswith(_PROC_GROUP_PREFIX))
-        group = self.spawn(f"{_PROC_GROUP_PREFIX}{taken}", ProcGroup, len(self))
+        taken = self._session._lifecycle.actor_names
+        free = next(i for i in itertools.count() if f"{_PROC_GROUP_PREFIX}{i}" not in taken)  # names are reused
+        group = self.spawn(f"{_PROC_GROUP_PREFIX}{free}", ProcGroup, len(self))
         master_addr = host_of(self.procs()[0].address)
         rank0 = group.slice(**dict.fromkeys(group.dims, 0))
         master_port = rank0.free_port.call_one(master_addr).get()
@@ -175,6 +203,10 @@ class ActorMesh:
 
     def __len__(self) -> int:
         return len(self._view)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """How many actors (dim=None), or the size of a dim (or the product of several)."""
+        return self._view.size(dim)
 
     def slice(self, **sel: int | slice) -> ActorMesh:
         return ActorMesh(self._session, self._name, self._class, self._procs, self._root_dims, self._view.slice(**sel))

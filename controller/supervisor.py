@@ -126,7 +126,9 @@ class Supervisor:
                 log.exception("supervisor failed to handle a failure", mesh=item[0], rank=item[1])
 
     def _handle(self, mesh: str, rank: int, reason: str, abnormal: bool) -> None:
-        state = self.meshes[mesh]
+        state = self.meshes.get(mesh)
+        if state is None:  # the program stopped the mesh meanwhile
+            return
         sup = state.supervisor
         self._event("failure", mesh=mesh, rank=rank, reason=reason, abnormal=abnormal)
         decision = sup.on_failure(rank, reason, abnormal, time.monotonic())

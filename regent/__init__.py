@@ -22,7 +22,7 @@ _EXPORTS = {
         ("Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError",
          "Future", "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError",
          "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
-         "context", "current_rank", "endpoint"),
+         "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint"),
         "regent.controller"),
     "RestartPolicy": "regent.worker.supervision",
 }
@@ -30,8 +30,8 @@ _EXPORTS = {
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
     "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh",
-    "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh", "context",
-    "current_rank", "endpoint",
+    "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh", "concurrent_endpoint",
+    "context", "current_rank", "current_size", "endpoint",
 ]
 
 
@@ -67,8 +67,10 @@ if TYPE_CHECKING:
         Session,
         SupervisionError,
         ValueMesh,
+        concurrent_endpoint,
         context,
         current_rank,
+        current_size,
         endpoint,
     )
     from regent.worker.supervision import RestartPolicy

@@ -64,6 +64,7 @@ class Spawn(Call):
     """SPAWN: create actor `a` (restart=True: a supervisor rebuilds it as incarnation `inc`)."""
 
     co: NotRequired[Annotated[dict[str, Any], Meta(max_length=64)]]  # the point's coordinates
+    sz: NotRequired[Annotated[dict[Name, Count], Meta(max_length=64)]]  # the mesh's size in each dim
     inc: NotRequired[Count]
     restart: NotRequired[bool]
     n: NotRequired[RequestId]

@@ -3,7 +3,15 @@
 The controller talks to workers; workers never import the controller.
 """
 
-from regent.worker.actor import Actor, ActorContext, context, current_rank, endpoint
+from regent.worker.actor import (
+    Actor,
+    ActorContext,
+    concurrent_endpoint,
+    context,
+    current_rank,
+    current_size,
+    endpoint,
+)
 from regent.worker.errors import (
     ActorError,
     DivergenceError,
@@ -13,9 +21,11 @@ from regent.worker.errors import (
     RegentError,
     SupervisionError,
 )
+from regent.worker.shape import Point
 from regent.worker.supervision import RestartPolicy
 
 __all__ = [
     "Actor", "ActorContext", "ActorError", "DivergenceError", "FencedError", "MessageTooLarge",
-    "ProtocolError", "RegentError", "RestartPolicy", "SupervisionError", "context", "current_rank", "endpoint",
+    "Point", "ProtocolError", "RegentError", "RestartPolicy", "SupervisionError", "concurrent_endpoint", "context",
+    "current_rank", "current_size", "endpoint",
 ]

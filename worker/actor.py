@@ -1,7 +1,9 @@
-"""The user-facing actor model: `Actor`, `endpoint`, and the per-actor context.
+"""The user-facing actor model: `Actor`, `endpoint`, `concurrent_endpoint`, and the
+per-actor context.
 
 An actor is plain Python state inside one proc; the proc's runtime feeds it one
-message at a time. Nothing here knows about sockets.
+message at a time, except that a `concurrent_endpoint` lets the next ones in while it
+awaits. Nothing here knows about sockets.
 """
 
 from __future__ import annotations
@@ -9,17 +11,32 @@ from __future__ import annotations
 import contextvars
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ENDPOINT_ATTR = "__regent_endpoint__"
+_CONCURRENT_ATTR = "__regent_concurrent__"
 
 
 def endpoint(fn: F) -> F:
     """Mark a method of an Actor as callable from the controller (sync or async)."""
     setattr(fn, _ENDPOINT_ATTR, True)
+    return fn
+
+
+def concurrent_endpoint(fn: F) -> F:
+    """Mark an `async def` method of an Actor as an endpoint that does not hold the actor's
+    mailbox: once a call of it has started (run to its first await), the actor takes its
+    next message while the call awaits, so a gate, a long poll or a ping-pong does not
+    deadlock. Calls of other endpoints keep running one at a time, in order (docs/design.md,
+    "Concurrent endpoints")."""
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(f"concurrent_endpoint can only mark an async def method; {fn.__qualname__} is not "
+                         "one (a sync endpoint holds the proc's only thread until it returns)")
+    setattr(fn, _ENDPOINT_ATTR, True)
+    setattr(fn, _CONCURRENT_ATTR, True)
     return fn
 
 
@@ -37,15 +54,25 @@ def is_async_endpoint(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
+def is_concurrent_endpoint(fn: Callable[..., Any]) -> bool:
+    return bool(getattr(fn, _CONCURRENT_ATTR, False))
+
+
 @dataclass(frozen=True)
 class ActorContext:
-    """Where the running actor sits: its mesh, its coordinates in it, its proc."""
+    """Where the running actor sits: its mesh (the name it was spawned as), its rank and
+    coordinates in it (`point`, a `Point` once spawned), the mesh's sizes, its proc."""
 
     mesh: str
     rank: int
     point: Mapping[str, int]
     proc_index: int
     incarnation: int = 0
+    sizes: Mapping[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        """The actor's identity as its log lines show it: `trainers{'hosts': 0/1, 'procs': 2/4}`."""
+        return f"{self.mesh}{self.point!r}"
 
 
 _current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(
@@ -62,14 +89,23 @@ def context() -> ActorContext:
 
 
 def current_rank() -> Mapping[str, int]:
-    """The running actor's coordinates in its mesh, as Monarch's `current_rank()`."""
+    """The running actor's coordinates in its mesh, as Monarch's `current_rank()`: a `Point`
+    (a mapping dim -> index, with `.rank`, shown as {'hosts': 0/1, 'procs': 2/4})."""
     return context().point
+
+
+def current_size() -> dict[str, int]:
+    """The size of each dim of the running actor's mesh, as Monarch's `current_size()`."""
+    return dict(context().sizes)
 
 
 class Actor:
     """Base class of user actors. Subclasses define `@endpoint` methods.
 
-    Optional hooks: `__cleanup__(self)` runs when the actor is stopped.
+    Optional hook: `__cleanup__(self, exc)` (or `async def`, awaited) runs once when the actor
+    ends: exc is None when it was stopped or exited normally, else the exception that failed
+    it. Its calls still running are cancelled first. A `__cleanup__(self)` without `exc` is
+    called without it.
     """
 
     @property

@@ -1,5 +1,5 @@
 """structlog setup for regent processes: human-readable lines on stderr, never stdout
-(a program's stdout is its own)."""
+(a program's stdout is its own); in a proc, the actor's identity on its `logging` records."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 import sys
 
 import structlog
+
+from regent.worker.actor import _current
 
 
 def configure_logging(only_if_unconfigured: bool = False) -> None:
@@ -36,3 +38,24 @@ class _Stderr:
 
     def flush(self) -> None:
         sys.stderr.flush()
+
+
+def prefix_actor_logs() -> None:
+    """Start each `logging` record made inside an actor with the actor's identity,
+    `[actor=trainers{'hosts': 0/1, 'procs': 2/4}] ...`, as Monarch does: a proc hosts several
+    actors and its output interleaves them. Records with an empty message are left alone
+    (torch.compile's structured traces need them empty). For the proc's own process only."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "regent_actor_prefix", False):
+        return
+
+    def record(*args: object, **kwargs: object) -> logging.LogRecord:
+        rec = make(*args, **kwargs)
+        ctx = _current.get()
+        if ctx is not None and isinstance(rec.msg, str) and rec.msg:
+            prefix = f"[actor={ctx}] "
+            rec.msg = (prefix.replace("%", "%%") if rec.args else prefix) + rec.msg
+        return rec
+
+    record.regent_actor_prefix = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(record)

@@ -2,8 +2,9 @@
 
 The proc's single thread runs an asyncio loop fed by its authenticated inbox. Each
 actor has a mailbox and handles one message at a time; sync endpoints run inline
-(no thread hand-off on the call path), async ones as tasks. Every call passes the
-epoch fence and the dedupe cache before it can run. The replies to one incoming message
+(no thread hand-off on the call path), async ones as tasks, and a concurrent endpoint's
+call lets the mailbox go on once it has started. Every call passes the epoch fence and
+the dedupe cache before it can run. The replies to one incoming message
 (often a batch) are collected per return address and sent as one batch.
 
 A proc outlives its host agent. It watches the agent through a pidfd on the loop
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import enum
+import inspect
 import itertools
 import os
 import signal
@@ -47,22 +50,40 @@ from regent.wire.transport import (
     valid_address,
 )
 from regent.worker._host_watch import _environment_of, _HostWatch
-from regent.worker.actor import ActorContext, _current, endpoint_names, is_async_endpoint
+from regent.worker.actor import (
+    ActorContext,
+    _current,
+    endpoint_names,
+    is_async_endpoint,
+    is_concurrent_endpoint,
+)
 from regent.worker.classref import load_class
 from regent.worker.dedupe import CallIdentity, DedupeCache
 from regent.worker.errors import ActorExit, DivergenceError
 from regent.worker.fencing import EpochFence
+from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
+from regent.worker.shape import Point
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
 
 READ_SLICE_S = 0.005  # the longest the reader spins for more calls before the loop runs again
+CLOSE_S = 2.0  # what a stopping proc gives its actors' cancelled calls and __cleanup__ (the agent's grace is 3 s)
+CLEANUP_S = 30.0  # the longest an async __cleanup__ may take (a stop waits for it)
+
+
+class _Run(enum.Enum):
+    """How a call of an endpoint runs."""
+
+    INLINE = "inline"  # a sync endpoint, on the loop's thread, before the next message
+    TASK = "task"  # an async one: the mailbox waits for it
+    CONCURRENT = "concurrent"  # an async concurrent_endpoint: the mailbox goes on once it has started
 
 
 @dataclass
 class _Slot:
-    """One actor living in this proc, with its mailbox."""
+    """One actor living in this proc, with its mailbox and the calls running as tasks."""
 
     name: str
     instance: Any
@@ -71,13 +92,19 @@ class _Slot:
     mailbox: collections.deque = field(default_factory=collections.deque)
     busy: bool = False
     executions: int = 0
-    bound: dict[str, tuple[Any, bool]] = field(default_factory=dict)  # method -> (fn, is async)
+    bound: dict[str, tuple[Any, _Run]] = field(default_factory=dict)  # method -> (fn, how it runs)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    ended: str | None = None  # why the actor is gone, once it is ("actor a stopped (normal)")
 
-    def endpoint(self, method: str) -> tuple[Any, bool]:
+    def endpoint(self, method: str) -> tuple[Any, _Run]:
         found = self.bound.get(method)
         if found is None:
             fn = getattr(self.instance, method)
-            found = self.bound[method] = (fn, is_async_endpoint(fn))
+            if not is_async_endpoint(fn):
+                run = _Run.INLINE
+            else:
+                run = _Run.CONCURRENT if is_concurrent_endpoint(fn) else _Run.TASK
+            found = self.bound[method] = (fn, run)
         return found
 
 
@@ -114,6 +141,7 @@ class ProcRuntime(_HostWatch):
         self._reading = False
         self._spin_s = spin_budget_s()
         self._async_running = 0  # async endpoint calls in flight: the loop must run them
+        self._closing: set[asyncio.Task] = set()  # actors' ends still cancelling calls or in __cleanup__
         self._rt_checked = ""  # the last reply address found valid
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = asyncio.new_event_loop()
@@ -126,6 +154,7 @@ class ProcRuntime(_HostWatch):
 
     def run(self) -> None:
         asyncio.set_event_loop(self.loop)
+        prefix_actor_logs()
         if forwarding_enabled():
             host = os.environ.get("REGENT_HOST_NAME") or socket.gethostname()
             self.output = OutputForwarder(self.ctx, self.creds, self.session, self.proc_id, host, self.index,
@@ -158,16 +187,59 @@ class ProcRuntime(_HostWatch):
         self.loop.stop()
 
     def _cleanup_all(self) -> None:
+        """The proc is stopping: every actor's calls still running are cancelled (their callers
+        learn of it from the proc's death, as of the calls still queued) and its __cleanup__
+        runs, all within CLOSE_S."""
+        self.stopping = True
         for slot in list(self.actors.values()):
-            self._cleanup(slot)
+            del self.actors[slot.name]
+            slot.mailbox.clear()
+            self._close(slot, "the proc stopped", None)
+        if self._closing:
+            try:
+                self.loop.run_until_complete(asyncio.wait(list(self._closing), timeout=CLOSE_S))
+            except RuntimeError:  # a second SIGTERM stopped the loop again: stop now
+                pass
 
-    def _cleanup(self, slot: _Slot) -> None:
+    def _close(self, slot: _Slot, why: str, exc: BaseException | None) -> asyncio.Task | None:
+        """End an actor: cancel its calls still running (not the one ending it), then run its
+        __cleanup__(exc), awaited if async. Calls are answered as they end (_run_async). The
+        task that waits for them, if any is needed."""
+        slot.ended = why
+        me = asyncio.current_task(self.loop)
+        running = [t for t in slot.tasks if t is not me and not t.done()]
+        for t in running:
+            t.cancel()
         hook = getattr(slot.instance, "__cleanup__", None)
+        if not running and (hook is None or not inspect.iscoroutinefunction(hook)):
+            self._cleanup(slot, hook, exc)  # the common case ends here, before the next message
+            return None
+        task = self.loop.create_task(self._close_later(slot, running, hook, exc))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return task
+
+    async def _close_later(self, slot: _Slot, running: list[asyncio.Task], hook: Any,
+                           exc: BaseException | None) -> None:
+        if running:
+            await asyncio.wait(running, timeout=CLOSE_S)  # a call may refuse to be cancelled
+        if hook is not None and inspect.iscoroutinefunction(hook):
+            token = _current.set(slot.ctx)
+            try:
+                await asyncio.wait_for(hook(*_cleanup_args(hook, exc)), CLEANUP_S)
+            except Exception:  # TimeoutError too: the actor is gone either way
+                log.exception("actor __cleanup__ raised", actor=slot.name)
+            finally:
+                _current.reset(token)
+        else:
+            self._cleanup(slot, hook, exc)
+
+    def _cleanup(self, slot: _Slot, hook: Any, exc: BaseException | None) -> None:
         if hook is None:
             return
         token = _current.set(slot.ctx)
         try:
-            hook()
+            hook(*_cleanup_args(hook, exc))
         except Exception:
             log.exception("actor __cleanup__ raised", actor=slot.name)
         finally:
@@ -313,14 +385,20 @@ class ProcRuntime(_HostWatch):
             self._drain(slot)
 
     def _drain(self, slot: _Slot) -> None:
-        """Run queued messages one at a time; an async endpoint parks the mailbox until done."""
+        """Run queued messages one at a time: a sync endpoint inline, an async one as a task that
+        parks the mailbox until done. A concurrent endpoint's task parks it only until the task
+        has run to its first await (the next message is taken on the loop's next turn)."""
         slot.busy = True
         while slot.mailbox:
             seq, point, method, payload = slot.mailbox.popleft()
-            fn, is_async = slot.endpoint(method)
-            if is_async:
+            fn, run = slot.endpoint(method)
+            if run is not _Run.INLINE:
                 self._async_running += 1
-                self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload))
+                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run))
+                slot.tasks.add(task)
+                task.add_done_callback(slot.tasks.discard)
+                if run is _Run.CONCURRENT:
+                    self.loop.call_soon(self._resume, slot)  # after the task's first step
                 return
             token = _current.set(slot.ctx)
             try:
@@ -343,7 +421,12 @@ class ProcRuntime(_HostWatch):
                 _current.reset(token)
         slot.busy = False
 
-    async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list) -> None:
+    def _resume(self, slot: _Slot) -> None:
+        if slot.ended is None:
+            self._drain(slot)
+
+    async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list,
+                         run: _Run) -> None:
         token = _current.set(slot.ctx)
         try:
             args, kwargs = wire.loads(payload)
@@ -357,8 +440,12 @@ class ProcRuntime(_HostWatch):
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:  # noqa: BLE001 - the actor fails; its mailbox must not stay parked
-            if isinstance(e, asyncio.CancelledError) and self.stopping:
-                raise  # the proc is shutting down and cancels what runs
+            if isinstance(e, asyncio.CancelledError):
+                if self.stopping:
+                    raise  # the proc is shutting down and cancels what runs
+                if slot.ended is not None:  # the actor ended while this call ran (_close)
+                    self._finish(seq, slot.name, point, "dead", em=f"{slot.ended} while this call ran")
+                    return
             self._fail(slot, seq, point, method, e)
             return
         else:
@@ -366,30 +453,33 @@ class ProcRuntime(_HostWatch):
         finally:
             _current.reset(token)
             self._async_running -= 1
-        self._drain(slot)
+        if run is _Run.TASK and slot.ended is None:
+            self._drain(slot)
 
     def _fail(self, slot: _Slot, seq: int, point: int, method: str, e: BaseException) -> None:
         """An endpoint raised a BaseException that is not an Exception (nor SystemExit or
         KeyboardInterrupt, which stop the proc): the actor fails, as an abnormal exit. The
         caller gets a SupervisionError, queued calls fail, and the mesh's restart policy applies."""
-        self._exit(slot, seq, point, ActorExit(f"{method} raised {type(e).__name__}: {e}", normal=False))
+        self._exit(slot, seq, point, ActorExit(f"{method} raised {type(e).__name__}: {e}", normal=False), e)
 
-    def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit) -> None:
-        """The actor stopped itself: this call reports it, queued calls fail, the actor is gone."""
+    def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit, cause: BaseException | None = None) -> None:
+        """The actor stopped itself: this call reports it, other calls fail, the actor is gone.
+        Its __cleanup__ gets what failed it (`cause`, else the ActorExit), or None if normal."""
         kind = "normal" if e.normal else "abnormal"
         self._finish(seq, slot.name, point, "exit", em=f"actor {slot.name} stopped ({kind}): {e.reason}",
                      normal=e.normal)
-        self._retire(slot, f"actor {slot.name} stopped ({kind}) before running this call")
+        self._retire(slot, f"actor {slot.name} stopped ({kind})", None if e.normal else cause or e)
 
-    def _retire(self, slot: _Slot, why: str) -> None:
-        """Remove an actor; whatever waits in its mailbox fails as a supervision error."""
+    def _retire(self, slot: _Slot, why: str, exc: BaseException | None = None) -> asyncio.Task | None:
+        """Remove an actor: what waits in its mailbox fails as a supervision error ("<why> before
+        running this call"), as do its calls still running ("<why> while this call ran")."""
         if self.actors.get(slot.name) is slot:
             del self.actors[slot.name]
         slot.busy = False
         while slot.mailbox:
             seq, point, _, _ = slot.mailbox.popleft()
-            self._finish(seq, slot.name, point, "dead", em=why)
-        self._cleanup(slot)
+            self._finish(seq, slot.name, point, "dead", em=f"{why} before running this call")
+        return self._close(slot, why, exc)
 
     def _finish_value(self, seq: int, actor: str, point: int, value: Any) -> None:
         if value is None:  # no payload at all: the controller reads an empty result as None
@@ -439,7 +529,7 @@ class ProcRuntime(_HostWatch):
         if slot is None:
             return
         if actor in self.actors:
-            self._cleanup(self.actors.pop(actor))
+            self._retire(self.actors[actor], f"actor {actor} was spawned again")
         self.actors[actor] = slot
         self._finish(seq, actor, point, "ok", pid=os.getpid())
 
@@ -455,7 +545,7 @@ class ProcRuntime(_HostWatch):
                                                                inc=old.ctx.incarnation))
             return
         if old is not None:
-            self._retire(old, f"actor {actor} was restarted (incarnation {inc}) before running this call")
+            self._retire(old, f"actor {actor} was restarted (incarnation {inc})")
 
         def failed(e: Exception) -> None:
             if rt:
@@ -472,8 +562,9 @@ class ProcRuntime(_HostWatch):
                    failed: Callable[[Exception], None]) -> _Slot | None:
         """Build actor `actor` from its spawn arguments, its context current while __init__ runs.
         What loading or constructing the class raised goes to `failed`, and None comes back."""
-        ctx = ActorContext(mesh=actor, rank=point, point=dict(meta.get("co") or {}), proc_index=self.index,
-                           incarnation=incarnation)
+        sizes = dict(meta.get("sz") or {})
+        ctx = ActorContext(mesh=actor, rank=point, point=Point(point, dict(meta.get("co") or {}), sizes),
+                           proc_index=self.index, incarnation=incarnation, sizes=sizes)
         token = _current.set(ctx)
         try:
             ref, args, kwargs = wire.loads(payload)
@@ -491,9 +582,11 @@ class ProcRuntime(_HostWatch):
         if admitted is None:
             return
         actor, seq, point, _ = admitted
-        slot = self.actors.pop(actor, None)
-        if slot is not None:
-            self._cleanup(slot)
+        slot = self.actors.get(actor)
+        closing = self._retire(slot, f"actor {actor} was stopped") if slot is not None else None
+        if closing is not None:  # answered once its calls are cancelled and its __cleanup__ is done
+            closing.add_done_callback(lambda _: self._finish(seq, actor, point, "ok"))
+            return
         self._finish(seq, actor, point, "ok")
 
     # --- sending -----------------------------------------------------------------
@@ -554,6 +647,15 @@ class ProcRuntime(_HostWatch):
             self.outbox.drop(rt)
             return
         self.loop.call_later(0.002, self._flush, rt)
+
+
+def _cleanup_args(hook: Any, exc: BaseException | None) -> tuple:
+    """`__cleanup__(exc)`, or `__cleanup__()` for a hook that takes no argument."""
+    try:
+        takes = bool(inspect.signature(hook).parameters)
+    except (TypeError, ValueError):  # no signature to read (a builtin): give it the argument
+        takes = True
+    return (exc,) if takes else ()
 
 
 def _error_fields(e: BaseException) -> dict[str, str]:
