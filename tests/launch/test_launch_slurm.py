@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.failover.harness import check_exactly_once
+from tests.support.leftovers import left_running
 from tests.support.slurm import SlurmCluster, slurm_unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,9 +58,9 @@ def _job_out(path: Path) -> str:
 
 def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3: SlurmCluster, home: Path,
                                                                            tmp_path: Path) -> None:
-    out, leaders = tmp_path / "job.out", tmp_path / "leaders"
+    out, leaders, session = tmp_path / "job.out", tmp_path / "leaders", f"sl-{uuid.uuid4().hex[:8]}"
     done = _launch(slurm3, home, str(MIXED), "--nodes", "3", "--standby", "--submit", "--output", str(out),
-                   REGENT_TEST_SESSION=f"sl-{uuid.uuid4().hex[:8]}", REGENT_TEST_HOSTS="3",
+                   REGENT_TEST_SESSION=session, REGENT_TEST_HOSTS="3",
                    REGENT_TEST_STEPS=str(STEPS), REGENT_TEST_LEADER_FILE=str(leaders), REGENT_TEST_TTL="1.0")
     assert done.returncode == 0, done.stderr
     job = int(done.stdout.strip())
@@ -71,6 +72,10 @@ def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3
         time.sleep(0.05)
     primary = int(leaders.read_text().split()[0])
     assert psutil.Process(primary).cmdline()[-1] == str(MIXED)
+    journal = re.search(r"journal (etcd://\S+):", _job_out(out))[1]
+    listed = subprocess.run([sys.executable, "-m", "regent.cli", "hosts", "ls", "--cluster", f"slurm-{job}",
+                             "--store", journal], capture_output=True, text=True, timeout=30)
+    assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == ["n1", "n2", "n3"], listed
     os.kill(primary, signal.SIGKILL)
     record = slurm3.wait_job(job, timeout_s=180)
     text = _job_out(out)
@@ -84,10 +89,7 @@ def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3
     assert "host agents of cluster slurm-" in text and "on n1 n2 n3" in text
     # The job's processes are gone with it: no agent, proc, controller or etcd left.
     time.sleep(1.0)
-    left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
-            if any(x in " ".join(p.info["cmdline"] or []) for x in ("regent.cli host", "regent.worker.proc",
-                                                                   str(MIXED), "regent-etcd-"))]
-    assert left == []
+    assert left_running([session, f"slurm-{job}"]) == []
 
 
 def test_the_jobs_exit_status_is_the_programs(slurm3: SlurmCluster, home: Path, tmp_path: Path) -> None:

@@ -12,12 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import psutil
 
 from tests.failover.harness import check_exactly_once
+from tests.support.leftovers import left_running
 from tests.support.sshd import SshHosts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,12 +25,17 @@ MIXED = REPO / "tests" / "failover" / "programs" / "mixed.py"
 STEPS = 150
 
 
-def _argv(ssh_hosts: SshHosts, tmp_path: Path, *extra: str, session: str | None = None) -> list[str]:
+def _marks(tmp_path: Path) -> list[str]:
+    """What names this test's processes: its session, its cluster, its launcher's environment."""
+    return [f"ssh-{tmp_path.name}", f"c-{tmp_path.name}", str(tmp_path / "home")]
+
+
+def _argv(ssh_hosts: SshHosts, tmp_path: Path, *extra: str) -> list[str]:
     leaders = tmp_path / "leaders"
-    env = [f"REGENT_TEST_SESSION={session or 'ssh-' + uuid.uuid4().hex[:8]}", "REGENT_TEST_HOSTS=3",
+    env = [f"REGENT_TEST_SESSION=ssh-{tmp_path.name}", "REGENT_TEST_HOSTS=3",
            f"REGENT_TEST_STEPS={STEPS}", f"REGENT_TEST_LEADER_FILE={leaders}", "REGENT_TEST_TTL=1.0"]
     return [sys.executable, "-m", "regent.cli", "launch", "ssh", str(MIXED), "--hosts", "h1,h2,h3",
-            "--ssh-config", str(ssh_hosts.config_path), "--remote-home", str(tmp_path / "homes" / "{host}"),
+            "--ssh-config", str(ssh_hosts.config_path), "--cluster", f"c-{tmp_path.name}", "--remote-home", str(tmp_path / "homes" / "{host}"),
             *(x for e in env for x in ("--env", e)), *extra]
 
 
@@ -45,20 +50,6 @@ def _wait_step(log: Path, step: int, launcher: subprocess.Popen, timeout_s: floa
     while not re.search(rf"^(\[standby h2\] )?step {step}$", log.read_text(), re.M):
         assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.05)
-
-
-def _left_running(ssh_hosts: SshHosts) -> list[str]:
-    """regent processes still running here or in any host (sshds aside)."""
-    pids = {p for h in ssh_hosts.names for p in ssh_hosts.net.pids(h)} | {p.pid for p in psutil.process_iter()}
-    left = []
-    for pid in pids:
-        try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
-        except psutil.Error:
-            continue
-        if any(x in cmd for x in ("regent.cli host", "regent.worker.proc", str(MIXED), "regent-etcd-")):
-            left.append(cmd)
-    return left
 
 
 def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts, home: Path, tmp_path: Path) -> None:
@@ -85,7 +76,7 @@ def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts,
         assert (keys / "regent.key_secret").stat().st_mode & 0o077 == 0
     assert "one etcd member on this machine that lives as long as this launch" in text
     assert "stopped the host agents on h1, h2, h3" in text
-    assert _left_running(ssh_hosts) == []
+    assert left_running(_marks(tmp_path)) == []
 
 
 def test_ctrl_c_leaves_no_agent_or_proc_anywhere(ssh_hosts: SshHosts, home: Path, tmp_path: Path) -> None:
@@ -100,9 +91,9 @@ def test_ctrl_c_leaves_no_agent_or_proc_anywhere(ssh_hosts: SshHosts, home: Path
             launcher.kill()
     assert launcher.returncode != 0
     deadline = time.monotonic() + 10
-    while _left_running(ssh_hosts) and time.monotonic() < deadline:
+    while left_running(_marks(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _left_running(ssh_hosts) == [], log.read_text()[-3000:]
+    assert left_running(_marks(tmp_path)) == [], log.read_text()[-3000:]
 
 
 def test_bad_hosts_fail_with_one_line_and_start_nothing(ssh_hosts: SshHosts, home: Path, tmp_path: Path) -> None:
@@ -133,4 +124,4 @@ def test_bad_hosts_fail_with_one_line_and_start_nothing(ssh_hosts: SshHosts, hom
     assert done.returncode == 2 and "is not one of --hosts" in done.stderr
     for d in (done,):
         assert len(d.stderr.strip().splitlines()) == 1, d.stderr
-    assert _left_running(ssh_hosts) == []
+    assert left_running(_marks(tmp_path)) == []
