@@ -10,6 +10,7 @@ nothing here does IO or ever unpickles.
 
 from __future__ import annotations
 
+import reprlib
 import zlib
 from typing import Any
 
@@ -24,6 +25,9 @@ BATCH_FORMAT = b"\x01"  # count, then the framed records
 ZLIB_BATCH_FORMAT = b"\x02"  # count, their length, then the framed records zlib-compressed
 COMPRESS_MIN_BYTES = 4096  # below this a batch is stored as is: too small to gain
 MAX_BATCH_BYTES = 16 << 20  # no batch the writer stores unpacks to more (it cuts ~512 KiB ones)
+# The smallest framed record: [body, crc] around [lsn, epoch, kind, data, ts] is 10 bytes at
+# least, so a batch of n bytes holds n // 10 records at most.
+MIN_RECORD_BYTES = 10
 CHECKPOINT_FORMAT = b"\x01"
 
 # A record larger than this belongs outside the journal (digest and size only): etcd refuses
@@ -87,8 +91,10 @@ def encode_batch(frames: list[bytes]) -> bytes:
     return b"".join([BATCH_FORMAT, _packb(len(frames)), body])
 
 
-def _header(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacker, int]:
-    """The batch's header read (record count checked); the unpacker stands after the count."""
+def _header(value: bytes, session: str, first_lsn: int) -> tuple[int, int, int | None]:
+    """The batch's header read and checked: (record count, where the framed records or the
+    zlib stream start, the inflated size of a compressed batch). A count no batch of these
+    bytes could hold is damage: read, verify and a new leader's next lsn all trust it."""
     if value[:1] not in (BATCH_FORMAT, ZLIB_BATCH_FORMAT):
         raise CorruptRecord(session, first_lsn, f"batch has unknown format byte {value[:1]!r}")
     unpacker = msgpack.Unpacker()
@@ -99,32 +105,39 @@ def _header(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacke
         raise CorruptRecord(session, first_lsn, f"batch header is unreadable ({exc})") from exc
     if not isinstance(count, int) or count < 1:
         raise CorruptRecord(session, first_lsn, f"batch header claims {count!r} records")
-    return unpacker, count
-
-
-def batch_count(value: bytes, session: str, first_lsn: int) -> int:
-    """Return how many records a stored batch claims to hold, reading only its header."""
-    return _header(value, session, first_lsn)[1]
-
-
-def _frames(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacker, int]:
-    """An unpacker over the batch's framed records, and their count."""
-    header, count = _header(value, session, first_lsn)
     if value[:1] == BATCH_FORMAT:
-        unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=len(value) + 16)
-        unpacker.feed(memoryview(value)[1:])
-        unpacker.unpack()
-        return unpacker, count
+        if count * MIN_RECORD_BYTES > len(value):
+            raise CorruptRecord(session, first_lsn, f"batch header claims {count} records, more than "
+                                                    f"its {len(value)} bytes can hold")
+        return count, 1 + unpacker.tell(), None
     where = f"compressed batch of {count} records (lsn {first_lsn}..{first_lsn + count - 1})"
     try:
-        size = header.unpack()
+        size = unpacker.unpack()
     except Exception as exc:
         raise CorruptRecord(session, first_lsn, f"{where} has an unreadable length ({exc})") from exc
     if type(size) is not int or not 0 < size <= MAX_BATCH_BYTES:
         raise CorruptRecord(session, first_lsn, f"{where} claims {size!r} bytes")
+    if count * MIN_RECORD_BYTES > size:
+        raise CorruptRecord(session, first_lsn, f"{where} claims {size} bytes, too few for them")
+    return count, 1 + unpacker.tell(), size
+
+
+def batch_count(value: bytes, session: str, first_lsn: int) -> int:
+    """Return how many records a stored batch claims to hold, reading only its header."""
+    return _header(value, session, first_lsn)[0]
+
+
+def _frames(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacker, int, int]:
+    """An unpacker over the batch's framed records, their count, and the bytes it was fed."""
+    count, start, size = _header(value, session, first_lsn)
+    if size is None:
+        unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=len(value) + 16)
+        unpacker.feed(memoryview(value)[start:])
+        return unpacker, count, len(value) - start
+    where = f"compressed batch of {count} records (lsn {first_lsn}..{first_lsn + count - 1})"
     inflate = zlib.decompressobj()
     try:
-        body = inflate.decompress(memoryview(value)[1 + header.tell():], size)
+        body = inflate.decompress(memoryview(value)[start:], size)
     except zlib.error as exc:
         raise CorruptRecord(session, first_lsn, f"{where} is damaged ({exc})") from exc
     if len(body) != size or not inflate.eof or inflate.unconsumed_tail or inflate.unused_data:
@@ -132,12 +145,12 @@ def _frames(value: bytes, session: str, first_lsn: int) -> tuple[msgpack.Unpacke
                             f"{where} is damaged (it inflates to other than the {size} bytes it claims)")
     unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=size + 16)
     unpacker.feed(body)
-    return unpacker, count
+    return unpacker, count, size
 
 
 def decode_batch(value: bytes, session: str, first_lsn: int) -> list[Record]:
     """Decode every record of a batch, verifying checksums; raise CorruptRecord on any defect."""
-    unpacker, count = _frames(value, session, first_lsn)
+    unpacker, count, fed = _frames(value, session, first_lsn)
     out: list[Record] = []
     append = out.append
     new = tuple.__new__
@@ -148,17 +161,49 @@ def decode_batch(value: bytes, session: str, first_lsn: int) -> list[Record]:
             if _crc32(body) != crc:
                 raise CorruptRecord(session, lsn, "checksum mismatch")
             fields = _unpackb(body, raw=False, strict_map_key=False)
-            if fields[0] != lsn:
-                raise CorruptRecord(
-                    session, lsn, f"record says lsn {fields[0]} but is stored at lsn {lsn}"
-                )
+            if type(fields) is not list or len(fields) != 5:
+                raise CorruptRecord(session, lsn, _misshapen(fields))
+            at, epoch, kind, data, ts = fields
+            if (at != lsn or type(at) is not int or type(epoch) is not int or type(kind) is not str
+                    or type(data) is not dict or type(ts) is not float and type(ts) is not int):
+                raise CorruptRecord(session, lsn, _misshapen(fields) or
+                                    f"record says lsn {at!r} but is stored at lsn {lsn}")
             append(new(Record, fields))
             lsn += 1
     except CorruptRecord:
         raise
     except Exception as exc:
         raise CorruptRecord(session, lsn, f"torn record ({type(exc).__name__}: {exc})") from exc
+    if unpacker.tell() != fed:
+        raise CorruptRecord(session, first_lsn, _more_than(count, fed - unpacker.tell()))
     return out
+
+
+def _misshapen(fields: Any) -> str | None:
+    """What is wrong with a decoded record's fields, or None if they are [lsn, epoch, kind,
+    data, ts] of the right types (the lsn is the caller's to compare)."""
+    if type(fields) is not list or len(fields) != 5:
+        return f"record is {type(fields).__name__} {_sketch(fields)}, not [lsn, epoch, kind, data, ts]"
+    lsn, epoch, kind, data, ts = fields
+    for name, value, typ in (("lsn", lsn, int), ("epoch", epoch, int), ("kind", kind, str), ("data", data, dict)):
+        if type(value) is not typ:
+            return f"record's {name} is {type(value).__name__} {_sketch(value)}, not {typ.__name__}"
+    if type(ts) not in (int, float):
+        return f"record's ts is {type(ts).__name__} {_sketch(ts)}, not a number"
+    return None
+
+
+_SKETCH = reprlib.Repr()
+_SKETCH.maxlevel, _SKETCH.maxlist, _SKETCH.maxdict, _SKETCH.maxstring, _SKETCH.maxother = 3, 6, 6, 40, 40
+
+
+def _sketch(value: Any) -> str:
+    """A short repr of a decoded value for a problem report, safe at any depth (str() recurses)."""
+    return _SKETCH.repr(value)
+
+
+def _more_than(count: int, extra: int) -> str:
+    return f"batch holds more than the {count} records it declares ({extra} bytes after them)"
 
 
 def inspect_batch(
@@ -172,7 +217,7 @@ def inspect_batch(
     problems: list[str] = []
     entries: list[tuple[int, int | None, str | None]] = []
     try:
-        unpacker, count = _frames(value, session, first_lsn)
+        unpacker, count, fed = _frames(value, session, first_lsn)
     except CorruptRecord as exc:
         try:
             count = batch_count(value, session, first_lsn)
@@ -187,7 +232,7 @@ def inspect_batch(
         except Exception as exc:
             problems.append(
                 f"lsn {lsn}: torn record, batch at lsn {first_lsn} ends early "
-                f"({type(exc).__name__})"
+                f"(after {lsn - first_lsn} of the {count} records it declares; {type(exc).__name__})"
             )
             return entries, problems
         if not isinstance(body, bytes) or _crc32(body) != crc:
@@ -197,23 +242,24 @@ def inspect_batch(
             continue
         try:
             fields = _unpackb(body, raw=False, strict_map_key=False)
-            stored_lsn, epoch, kind = fields[0], fields[1], fields[2]
         except Exception as exc:
             problems.append(f"lsn {lsn}: undecodable record ({type(exc).__name__})")
             entries.append((lsn, None, None))
             lsn += 1
             continue
+        misshapen = _misshapen(fields)
+        if misshapen is not None:
+            problems.append(f"lsn {lsn}: {misshapen}")
+            entries.append((lsn, None, None))
+            lsn += 1
+            continue
+        stored_lsn, epoch, kind = fields[0], fields[1], fields[2]
         if stored_lsn != lsn:
             problems.append(f"lsn {lsn}: record says lsn {stored_lsn}")
         entries.append((lsn, epoch, kind))
         lsn += 1
-    try:
-        unpacker.unpack()
-        problems.append(f"lsn {first_lsn}: batch holds more than the {count} records it declares")
-    except msgpack.OutOfData:
-        pass
-    except Exception:
-        problems.append(f"lsn {first_lsn}: trailing garbage after {count} records")
+    if unpacker.tell() != fed:
+        problems.append(f"lsn {first_lsn}: {_more_than(count, fed - unpacker.tell())}")
     return entries, problems
 
 
@@ -236,9 +282,17 @@ def decode_checkpoint(value: bytes, session: str) -> dict[str, Any]:
         body, crc = _unpackb(value[1:], raw=False)
     except Exception as exc:
         raise CorruptRecord(session, None, f"checkpoint is torn ({exc})") from exc
-    if _crc32(body) != crc:
+    if type(body) is not bytes or _crc32(body) != crc:
         raise CorruptRecord(session, None, "checkpoint checksum mismatch")
-    return _unpackb(body, raw=False, strict_map_key=False)
+    try:
+        ckpt = _unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise CorruptRecord(session, None, f"checkpoint is undecodable ({type(exc).__name__}: {exc})") from exc
+    if (type(ckpt) is not dict or not {"lsn", "epoch", "ts", "data"} <= ckpt.keys() or type(ckpt["lsn"]) is not int
+            or ckpt["lsn"] < 0 or type(ckpt["epoch"]) is not int or type(ckpt["ts"]) not in (int, float)
+            or type(ckpt["data"]) is not dict):
+        raise CorruptRecord(session, None, f"checkpoint is not {{lsn, epoch, ts, data}}: {_sketch(ckpt)}")
+    return ckpt
 
 
 def encode_ranges(ranges: list[tuple[int, int]]) -> bytes:
@@ -246,10 +300,19 @@ def encode_ranges(ranges: list[tuple[int, int]]) -> bytes:
     return _packb([[lo, hi] for lo, hi in ranges])
 
 
-def decode_ranges(value: bytes | None) -> list[tuple[int, int]]:
+def decode_ranges(value: bytes | None, session: str) -> list[tuple[int, int]]:
+    """The ranges `encode_ranges` wrote; CorruptRecord if the note is not a list of [lo, hi)."""
     if not value:
         return []
-    return [(int(lo), int(hi)) for lo, hi in _unpackb(value)]
+    try:
+        ranges = _unpackb(value)
+    except Exception as exc:
+        raise CorruptRecord(session, None, f"compaction note is undecodable ({type(exc).__name__}: {exc})") from exc
+    if type(ranges) is not list or not all(
+            type(r) is list and len(r) == 2 and type(r[0]) is int and type(r[1]) is int and 0 <= r[0] < r[1]
+            for r in ranges):
+        raise CorruptRecord(session, None, f"compaction note is not a list of lsn ranges: {_sketch(ranges)}")
+    return [(lo, hi) for lo, hi in ranges]
 
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

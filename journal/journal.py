@@ -149,7 +149,7 @@ class Journal:
         return lead
 
     def _compacted(self, session: str) -> list[tuple[int, int]]:
-        return codec.merge_ranges(codec.decode_ranges(self._backend.get_compacted(session)))
+        return codec.merge_ranges(codec.decode_ranges(self._backend.get_compacted(session), session))
 
     def read(self, session: str, start_lsn: int = 0) -> Iterator[Record]:
         """Yield the session's records from `start_lsn` on, checksums verified.
@@ -172,7 +172,7 @@ class Journal:
                     raise _torn_tail_or(exc, session, batches) from exc.__cause__
                 if first > expected:
                     if ranges is None:
-                        ranges = codec.merge_ranges(codec.decode_ranges(snapshot.compacted))
+                        ranges = codec.merge_ranges(codec.decode_ranges(snapshot.compacted, session))
                     if not codec.covered(ranges, expected, first):
                         raise CorruptRecord(
                             session, expected, f"gap: lsn {expected}..{first - 1} missing"
@@ -340,7 +340,7 @@ class Journal:
             return judge(
                 session,
                 snapshot,
-                compacted=codec.merge_ranges(codec.decode_ranges(snapshot.compacted)),
+                compacted=codec.merge_ranges(codec.decode_ranges(snapshot.compacted, session)),
                 checkpoint=snapshot.checkpoint,
             )
 

@@ -27,13 +27,17 @@ def verify_batches(
     expected = 0
     max_epoch: int | None = None
     epochs: set[int] = set()
+    damaged = False  # the batch before had problems: the lsns it claims are its header's word
     for first, value in batches:
         if first > expected and not codec.covered(ranges, expected, first):
             problems.append(_gap(expected, first, ranges))
+        elif first < expected and damaged:
+            expected = first  # an intact batch's key over a damaged header's count
         elif first < expected:
             problems.append(f"lsn {first}..{expected - 1} stored twice (batch at lsn {first})")
         entries, batch_problems = codec.inspect_batch(value, session, first)
         problems.extend(batch_problems)
+        damaged = bool(batch_problems)
         if not entries:
             # A batch whose header is unreadable: we cannot tell how many lsns it held.
             expected = max(expected, first + 1)

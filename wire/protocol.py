@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import io
 import pickle
+import reprlib
 import struct
 import sys
 from collections.abc import Sequence
@@ -135,6 +136,15 @@ def encode_batch(messages: Sequence[list]) -> list:
     return encode(Kind.BATCH, {"n": lengths}, [b"".join(parts)])
 
 
+_SKETCH = reprlib.Repr()
+_SKETCH.maxlevel, _SKETCH.maxlist, _SKETCH.maxstring, _SKETCH.maxother = 3, 8, 40, 40
+
+
+def _sketch(value: Any) -> str:
+    """A short repr of a decoded value for an error, safe at any depth (str() recurses)."""
+    return _SKETCH.repr(value)
+
+
 def split_batch(meta: dict, frames: list) -> list[list]:
     """The messages inside a decoded BATCH, each still to be `decode`d on its own (its
     frames are views into the batch's bytes, not copies).
@@ -152,11 +162,11 @@ def split_batch(meta: dict, frames: list) -> list[list]:
     at = 0
     for msg in lengths:
         if type(msg) is not list or not msg or len(msg) > BATCH_MESSAGE_FRAMES:
-            raise ProtocolError(f"batch message lengths {str(msg)[:100]} are not 1..{BATCH_MESSAGE_FRAMES} ints")
+            raise ProtocolError(f"batch message lengths {_sketch(msg)} are not 1..{BATCH_MESSAGE_FRAMES} ints")
         sub = []
         for n in msg:
             if type(n) is not int or n < 0 or at + n > size:
-                raise ProtocolError(f"batch lengths {str(lengths)[:200]} do not fit its {size} bytes")
+                raise ProtocolError(f"batch lengths {_sketch(lengths)} do not fit its {size} bytes")
             sub.append(body[at : at + n])
             at += n
         out.append(sub)

@@ -9,6 +9,7 @@ alone took to decode it. This module holds declarations only: no sockets, no log
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
@@ -31,7 +32,15 @@ Pid = Annotated[int, Meta(ge=1, lt=1 << 31)]
 Count = Annotated[int, Meta(ge=0, le=_I64)]
 SessionId = Annotated[str, Meta(max_length=256)]
 Name = Annotated[str, Meta(max_length=1024)]  # actor, method, proc and host ids
-Address = Annotated[str, Meta(max_length=255, pattern="^(tcp|ipc)://")]  # an inbox to reply to
+# An inbox to reply to: tcp://host:port (a host name, or an IPv4 or bracketed IPv6 literal; port
+# 1..65535) or ipc://path. zmq refuses some others only when a socket connects to them, after
+# the receiver acted on the message (tests/fuzz: wire.address holds this to zmq's connect).
+_PORT = "(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+_PATH = r"(?!@\Z)[!-~]{1,100}"  # printable ASCII, under the 107 bytes of a socket path; "@" alone is no name
+ADDRESS_PATTERN = rf"^(?:tcp://{_HOST}:{_PORT}|ipc://{_PATH})\Z"
+ADDRESS = re.compile(ADDRESS_PATTERN)
+Address = Annotated[str, Meta(max_length=255, pattern=ADDRESS_PATTERN)]
 Digest = Annotated[bytes, Meta(max_length=64)]
 Text = Annotated[str, Meta(max_length=protocol.MAX_META_BYTES)]  # error messages and tracebacks
 Seconds = Annotated[float, Meta(ge=0)]
@@ -251,6 +260,8 @@ class Receiver:
             raise ProtocolError(f"{kind.name} metadata: {e}") from None
         except msgspec.DecodeError as e:
             raise ProtocolError(f"{kind.name} metadata is not valid msgpack: {e}") from None
+        except RecursionError:  # msgspec recurses into nested values, undeclared fields' too
+            raise ProtocolError(f"{kind.name} metadata is nested too deeply") from None
         return kind, meta, payload
 
     def decode_one(self, frames: Sequence[Any]) -> tuple[Kind, dict, list]:

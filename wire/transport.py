@@ -16,8 +16,8 @@ from typing import Any
 import structlog
 import zmq
 
-from regent.wire import protocol
-from regent.wire.errors import MessageTooLarge
+from regent.wire import protocol, schema
+from regent.wire.errors import MessageTooLarge, ProtocolError
 from regent.wire.security import Credentials, secure_client, secure_server
 
 log = structlog.get_logger("regent.transport")
@@ -135,7 +135,8 @@ def refuse_oversized(frames: list, limit: int, to: str) -> None:
 
 
 def valid_address(addr: object) -> bool:
-    return isinstance(addr, str) and len(addr) < 256 and addr.startswith(("tcp://", "ipc://"))
+    """Whether `addr` is an address regent's sockets can connect to (wire.schema.ADDRESS)."""
+    return isinstance(addr, str) and len(addr) < 256 and schema.ADDRESS.fullmatch(addr) is not None
 
 
 class Inbox:
@@ -197,6 +198,7 @@ BATCH_MAX_AGE_S = 0.001
 
 class Peer:
     """A PUSH socket to one inbox. Sends are serialised by a lock so any thread may send.
+    An address zmq cannot connect to raises ProtocolError (it came from a message).
 
     `queue` adds a message to the peer's next batch; `send`, `try_send` and `flush` send
     what is queued first, so messages to one peer leave in the order they were given."""
@@ -219,7 +221,11 @@ class Peer:
         self.sock.immediate = False
         if before_connect is not None:  # e.g. a monitor that must see the first connect too
             before_connect(self)
-        self.sock.connect(address)
+        try:
+            self.sock.connect(address)
+        except zmq.ZMQError as e:
+            self.sock.close(linger=0)
+            raise ProtocolError(f"cannot connect to {address!r}: {e}") from None
         self.lock = threading.Lock()
 
     def send(self, frames: list, alive: Callable[[], bool] | None = None) -> None:
@@ -331,17 +337,26 @@ class Peer:
             self.sock.close(linger=0)
 
 
+# The peers a receiver (a proc, a host agent) keeps. It answers whatever reply address a
+# message names, so without a bound, messages naming ever new addresses would use up its zmq
+# context's sockets (1023) and it could answer no new controller, a standby taking over say.
+RECEIVER_MAX_PEERS = 256
+
+
 class Outbox:
     """Peers by address, created on first use. `route` may redirect a connection (a chaos
-    proxy in front of a peer, say) while callers keep using the peer's own address."""
+    proxy in front of a peer, say) while callers keep using the peer's own address.
+    `max_peers`: the most kept; to make room, the least recently used one with nothing queued
+    is closed (what its socket still held for a peer gone that long is dropped)."""
 
     def __init__(self, ctx: zmq.Context, creds: Credentials, route: Callable[[str], str] | None = None,
-                 on_new: Callable[[Peer], None] | None = None):
+                 on_new: Callable[[Peer], None] | None = None, max_peers: int | None = None):
         self.ctx = ctx
         self.creds = creds
         self.route = route
         self.on_new = on_new
-        self._peers: dict[str, Peer] = {}
+        self.max_peers = max_peers
+        self._peers: dict[str, Peer] = {}  # with max_peers: least recently used first
         self.dirty: set[Peer] = set()  # peers with queued messages not yet sent
         self._lock = threading.Lock()
 
@@ -351,10 +366,24 @@ class Outbox:
             with self._lock:
                 p = self._peers.get(address)
                 if p is None:
+                    if self.max_peers is not None and len(self._peers) >= self.max_peers:
+                        self._evict_locked()
                     target = self.route(address) if self.route else address
                     p = self._peers[address] = Peer(self.ctx, self.creds, target, self.on_new,
                                                               self.dirty)
+        elif self.max_peers is not None:
+            with self._lock:
+                if self._peers.get(address) is p:
+                    self._peers[address] = self._peers.pop(address)  # the most recently used, last
         return p
+
+    def _evict_locked(self) -> None:
+        for address, p in self._peers.items():
+            if not p._queued:
+                del self._peers[address]
+                p.close()
+                log.debug("closed the least recently used peer", peer=address, kept=self.max_peers)
+                return
 
     def route_of(self, address: str) -> str:
         """The address a connection to `address` actually goes to."""

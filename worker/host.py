@@ -30,7 +30,7 @@ import zmq
 from regent import wire
 from regent.wire import Kind, ProtocolError, schema
 from regent.wire.security import load_credentials, regent_home, stop_authenticator
-from regent.wire.transport import Inbox, Outbox, peer_of, valid_address
+from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, peer_of, valid_address
 from regent.worker import discovery
 from regent.worker._adopting import ADOPT_GRACE_S, _Adoption
 from regent.worker._hoststate import (
@@ -61,7 +61,7 @@ class HostAgent(_Adoption):
         self.creds = load_credentials()
         self.advertise = advertise or bind_host
         self.inbox = self._bind(bind_host, port, succeeds)
-        self.outbox = Outbox(self.ctx, self.creds)
+        self.outbox = Outbox(self.ctx, self.creds, max_peers=RECEIVER_MAX_PEERS)
         self.bind_host = bind_host
         self.idle_exit_s = idle_exit_s
         self.sessions: dict[str, _SessionState] = {}
@@ -228,7 +228,12 @@ class HostAgent(_Adoption):
         self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": n, "st": "ok", **extra}))
 
     def _send(self, rt: str, msg: list) -> None:
-        if not self.outbox.peer(rt).try_send(msg):
+        try:
+            sent = self.outbox.peer(rt).try_send(msg)
+        except ProtocolError as e:  # an address zmq will not connect to, though it looked valid
+            log.warning("reply not sent", peer=rt, error=str(e))
+            return
+        if not sent:
             log.warning("controller inbox full, reply dropped", peer=rt)
 
     # --- procs -------------------------------------------------------------------

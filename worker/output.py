@@ -23,7 +23,7 @@ from regent import wire
 from regent.wire import Kind
 from regent.wire.schema import MAX_LOG_LINE, MAX_LOG_LINES
 from regent.wire.security import Credentials
-from regent.wire.transport import Outbox
+from regent.wire.transport import RECEIVER_MAX_PEERS, Outbox
 
 _READ = 65536
 _MESSAGE_TEXT = 32 * 1024  # text per LOG message, well under the metadata limit
@@ -42,7 +42,7 @@ class OutputForwarder:
         self.session, self.proc_id, self.host, self.index = session, proc_id, host, index
         self.target = target
         self.prefix = f"[{host} {index}] ".encode()
-        self._outbox = Outbox(ctx, creds)
+        self._outbox = Outbox(ctx, creds, max_peers=RECEIVER_MAX_PEERS)
         self._saved: dict[int, int] = {}  # stream (0 stdout, 1 stderr) -> the fd it wrote to before
         self._reads: dict[int, int] = {}  # pipe read fd -> stream
         self._partial: dict[int, bytes] = {0: b"", 1: b""}

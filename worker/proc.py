@@ -39,6 +39,7 @@ from regent import wire
 from regent.wire import Kind, MessageTooLarge, ProtocolError, schema
 from regent.wire.security import load_credentials, stop_authenticator
 from regent.wire.transport import (
+    RECEIVER_MAX_PEERS,
     Inbox,
     Outbox,
     max_message_bytes,
@@ -131,7 +132,7 @@ class ProcRuntime(_HostWatch):
         self.ctx = zmq.Context()
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds, bind_host, advertise=advertise)
-        self.outbox = Outbox(self.ctx, self.creds)
+        self.outbox = Outbox(self.ctx, self.creds, max_peers=RECEIVER_MAX_PEERS)
         self.host_inbox = host_inbox
         self.fence = EpochFence(epoch)  # what its session had seen when this proc started
         self.dedupe = DedupeCache()
@@ -609,8 +610,11 @@ class ProcRuntime(_HostWatch):
             return
         out, self._out = self._out, {}
         for rt, msgs in out.items():
-            for frames in wire.pack(msgs, self._max_message):
-                self._transmit(rt, frames)
+            try:
+                for frames in wire.pack(msgs, self._max_message):
+                    self._transmit(rt, frames)
+            except Exception:  # one peer's replies lost, not every peer's, nor the inbox's reader
+                log.exception("replies not sent", proc=self.proc_id, peer=rt, count=len(msgs))
 
     def _transmit(self, rt: str, msg: list) -> None:
         """Send without blocking the loop; a full peer gets a backlog retried shortly."""
@@ -623,6 +627,9 @@ class ProcRuntime(_HostWatch):
             sent = self.outbox.peer(rt).try_send(msg)
         except MessageTooLarge as e:  # a result too large was refused in _finish_value: not this
             log.error("reply not sent", proc=self.proc_id, error=str(e))
+            return
+        except ProtocolError as e:  # an address zmq will not connect to, though it looked valid
+            log.warning("reply not sent", proc=self.proc_id, peer=rt, error=str(e))
             return
         if not sent:
             self.pending[rt] = collections.deque([(time.monotonic(), msg)])
