@@ -242,3 +242,17 @@ def test_a_damaged_compaction_note_is_corrupt_record(value):
     # Found by journal.ranges: TypeError, ValueError and msgpack's FormatError, from read and verify.
     with pytest.raises(CorruptRecord, match="session 's': compaction note is"):
         jcodec.decode_ranges(value, "s")
+
+
+def test_verify_names_a_damaged_batch_that_claims_the_next_ones_lsns_and_not_the_next_one():
+    # Found by test_verify_names_damage: bit flips in a compressed batch of 60 raised its count
+    # to 124 and damaged its stream; verify took the count and called the intact batch after it
+    # "stored twice".
+    frames = [jcodec.encode_record(i, 1, "call", {"pad": "p" * 40}, 0.0) for i in range(64)]
+    good = jcodec.encode_batch(frames[:60])
+    assert good[:1] == jcodec.ZLIB_BATCH_FORMAT and good[1:2] == msgpack.packb(60)
+    damaged = bytearray(good[:1] + msgpack.packb(124) + good[2:])
+    damaged[len(damaged) // 2] ^= 0x10
+    batches = [(0, bytes(damaged)), (60, jcodec.encode_batch(frames[60:]))]
+    problems = verify_batches("s", batches).problems
+    assert len(problems) == 1 and problems[0].startswith("lsn 0: compressed batch of 124 records"), problems
