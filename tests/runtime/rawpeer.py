@@ -10,7 +10,13 @@ import zmq
 
 from regent import wire
 from regent.wire import Kind
-from regent.wire.security import Credentials, load_credentials, secure_client, secure_server
+from regent.wire.security import (
+    Credentials,
+    load_credentials,
+    secure_client,
+    secure_server,
+    stop_authenticator,
+)
 
 
 class RawPeer:
@@ -72,4 +78,5 @@ class RawPeer:
                 return reply
 
     def close(self) -> None:
+        stop_authenticator(self.ctx)  # its thread polls the context's sockets: stopped first
         self.ctx.destroy(linger=0)
