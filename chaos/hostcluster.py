@@ -169,7 +169,7 @@ class HostChaosCluster(ChaosCluster):
         raise LookupError(f"no role {role!r}")
 
     def _etcd_role(self, role: str) -> list[str]:
-        leader = self.etcd.leader(timeout=3.0)
+        leader = self.etcd.leader(timeout=1.0)
         followers = sorted(m for m in self.etcd.members if m != leader)
         return {"etcd-leader": [leader], "etcd-follower": followers[:1], "etcd-followers": followers}[role]
 

@@ -24,6 +24,8 @@ def record_figures(name: str, run) -> None:
             "failed_points": r.failed_points,
             "timed_out": r.timed_out_points, "failovers_s": r.failovers_s, "duration_s": r.duration_s,
             "retries": r.retries, "ok": r.ok}
+    if r.linearizability is not None:
+        line["porcupine"] = {"result": r.linearizability.result, "operations": r.linearizability.operations}
     figures = getattr(run.cluster, "figures", None)  # what a cluster measures besides the checker
     if figures is not None:
         line.update(figures())

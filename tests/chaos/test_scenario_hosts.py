@@ -137,8 +137,8 @@ def test_an_asymmetric_partition_controller_to_workers(hosts, reference, tmp_pat
 def test_a_random_mix_of_packet_and_process_faults(hosts, reference, tmp_path):
     procs = ["controller", "standby", "etcd-leader", "etcd-follower", "agent/h1", "proc/h2"]
     names = [*HOST_ROLES, *hosts.net.names]
-    sched = random_schedule(20, 25.0, 80, processes=procs, hosts=names, fault_s=(0.2, 2.5),
+    sched = random_schedule(20, 30.0, 120, processes=procs, hosts=names, fault_s=(0.2, 2.5),
                             kinds=["isolate", "partition", "block", "loss", "duplicate", "kill", "pause"])
     run = _run(hosts, tmp_path, "hosts: random mix", sched, reference, standbys=1,
                env={"REGENT_CHAOS_STEP_S": "0.08"})
-    assert run.report.injected >= 40, run.report.text()
+    assert run.report.injected >= 60, run.report.text()
