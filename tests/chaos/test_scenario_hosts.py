@@ -64,7 +64,7 @@ def _deposed(run) -> list:
 
 
 def test_the_etcd_leader_sigkilled_then_restarted_from_its_data(hosts, reference, tmp_path):
-    sched = Schedule((Fault("kill", "etcd-leader", at_s=0.5), Fault("kill", "etcd-leader", at_s=5.0)))
+    sched = Schedule((Fault("kill", "etcd-leader", at_s=0.5), Fault("kill", "etcd-leader", at_s=3.5)))
     run = _run(hosts, tmp_path, "hosts: etcd leader SIGKILL x2", sched, reference)
     kills = [e for e in run.report.faults if e.kind == "kill"]
     restarts = [e for e in run.report.faults if e.kind == "restart"]
@@ -102,8 +102,9 @@ def test_a_majority_partition_stalls_the_session_which_continues_when_healed(hos
 
 
 def test_etcd_followers_restarted_from_their_data_dirs(hosts, reference, tmp_path):
-    sched = Schedule((Fault("kill", "etcd/e1", at_s=0.5), Fault("kill", "etcd/e2", at_s=3.0),
-                      Fault("kill", "etcd/e3", at_s=6.0)))
+    # Early enough that each is restarted (0.5 s after its kill) while the run still goes on.
+    sched = Schedule((Fault("kill", "etcd/e1", at_s=0.5), Fault("kill", "etcd/e2", at_s=2.0),
+                      Fault("kill", "etcd/e3", at_s=3.5)))
     run = _run(hosts, tmp_path, "hosts: each etcd member restarted", sched, reference)
     assert sum(1 for e in run.report.faults if e.kind == "restart") >= 3, run.report.text()
 
