@@ -106,8 +106,9 @@ def test_procs_sigkilled_during_calls_are_restarted_and_calls_run_at_most_once(t
     # 2 runs of 30 (one a CI run); with 10 the program retried 5-8 calls in each of 8 runs.
     kills = 10
     sched = Schedule(tuple(Fault("kill", f"proc/{i % 3}", at_s=0.3 + 0.35 * i) for i in range(kills)))
+    # Paced, so that the run outlasts the last kill (3.5 s in) and every kill finds its proc.
     run = run_schedule(toxiproxy, etcd, tmp_path, name("prockill"), sched, expected=baseline(steps),
-                       steps=steps)
+                       steps=steps, env=PACED)
     assert_verdict(run, "proc SIGKILL, permanent restart")
     assert run.report.injected == kills, run.runner_errors
     assert run.report.retries["supervision"] >= 1, run.report.text()

@@ -126,11 +126,11 @@ def test_receivers_answer_a_new_peer_after_pings_naming_thousands_of_reply_addre
         peer = RawPeer()
         try:
             for address in (proc.address, host):
-                for i in range(1500):
+                for i in range(1200):  # more than the 1023 sockets a zmq context may hold
                     peer.send(address, wire.encode(Kind.PING, {"rt": f"tcp://127.0.0.1:{20000 + i}", "n": i}))
                 newcomer = RawPeer()
-                try:
-                    assert ping(newcomer, address, 10**6, timeout=20)["n"] == 10**6
+                try:  # it answers after the 1200 pings before it: slow on a loaded machine, not stuck
+                    assert ping(newcomer, address, 10**6, timeout=90)["n"] == 10**6
                 finally:
                     newcomer.close()
             assert _fds(proc.pid) < 2 * RECEIVER_MAX_PEERS + 100 and _fds(agent["pid"]) < 2 * RECEIVER_MAX_PEERS + 100
