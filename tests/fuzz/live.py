@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from regent import wire
 from regent.wire import Kind, schema
@@ -46,16 +48,15 @@ def _disrupts(sid: str, epoch: int, actor: str, kind: Kind, meta: dict) -> bool:
     return False
 
 
-def fuzz_proc(peer: RawPeer, address: str, sid: str, epoch: int, actor: str, method: str, n: int,
-              seed: int) -> LiveRun:
-    """Send `n` fuzzed messages (fewer the disruptive ones) to the proc at `address`, which
-    serves session `sid` at `epoch` and hosts `actor` (an echo endpoint `method`)."""
-    seeds = proc_seeds(sid, epoch, peer.address, actor=actor, method=method, seq=SEQ)
+def _send(peer: RawPeer, address: str, receiver: Any, seeds: Any, n: int, seed: int,
+          held_back: Callable[[Kind, dict], bool]) -> LiveRun:
+    """Send `n` messages mutated from `seeds` to `address`, but those whose valid parts
+    `held_back` names; count what `receiver` should drop."""
     run = LiveRun()
     started = time.perf_counter()
     for frames in live_messages(random.Random(seed), seeds, n):
-        drops, valid = verdicts(schema.PROC, frames)
-        if any(_disrupts(sid, epoch, actor, k, m) for k, m in valid):
+        drops, valid = verdicts(receiver, frames)
+        if any(held_back(k, m) for k, m in valid):
             run.skipped += 1
             continue
         peer.send(address, frames)
@@ -63,26 +64,24 @@ def fuzz_proc(peer: RawPeer, address: str, sid: str, epoch: int, actor: str, met
         run.sent += 1
     run.seconds = time.perf_counter() - started
     return run
+
+
+def fuzz_proc(peer: RawPeer, address: str, sid: str, epoch: int, actor: str, method: str, n: int,
+              seed: int) -> LiveRun:
+    """Send `n` fuzzed messages (fewer the disruptive ones) to the proc at `address`, which
+    serves session `sid` at `epoch` and hosts `actor` (an echo endpoint `method`)."""
+    seeds = proc_seeds(sid, epoch, peer.address, actor=actor, method=method, seq=SEQ)
+    return _send(peer, address, schema.PROC, seeds, n, seed,
+                 lambda k, m: _disrupts(sid, epoch, actor, k, m))
 
 
 def fuzz_host(peer: RawPeer, address: str, sid: str, epoch: int, n: int, seed: int) -> LiveRun:
     """Send `n` fuzzed messages to the host agent at `address`, as another session than `sid`
     (a valid request for that one could stop its procs); spawn and respawn requests that would
     start procs are held back."""
-    seeds = host_seeds(OTHER_SESSION, epoch, peer.address)
-    run = LiveRun()
-    started = time.perf_counter()
-    for frames in live_messages(random.Random(seed), seeds, n):
-        drops, valid = verdicts(schema.HOST, frames)
-        if any(k is Kind.HOST_REQ and (m["op"] in ("spawn_procs", "respawn_proc") or m["sid"] == sid)
-               for k, m in valid):
-            run.skipped += 1
-            continue
-        peer.send(address, frames)
-        run.drops += drops
-        run.sent += 1
-    run.seconds = time.perf_counter() - started
-    return run
+    return _send(peer, address, schema.HOST, host_seeds(OTHER_SESSION, epoch, peer.address), n, seed,
+                 lambda k, m: k is Kind.HOST_REQ and (m["op"] in ("spawn_procs", "respawn_proc")
+                                                      or m["sid"] == sid))
 
 
 def ping(peer: RawPeer, address: str, n: int, timeout: float = 30.0) -> dict:
