@@ -3,6 +3,7 @@
     from regent import Session, Actor, endpoint
 """
 
+from regent.controller.faults import MeshFailure
 from regent.controller.futures import Future, Point, ValueMesh
 from regent.controller.mesh import ActorMesh, Endpoint, HostMesh, ProcMesh
 from regent.controller.replay import NonDeterminismError
@@ -28,6 +29,6 @@ from regent.worker.supervision import RestartPolicy
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
-    "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh",
+    "HostMesh", "LeadershipLost", "MeshFailure", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh", "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh",
     "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint",
 ]

@@ -61,6 +61,7 @@ class Checkpoints:
         # Skip the calls the checkpoint covers: the program continues after it.
         with s._drive.lock:
             went_live = s._engine.skip_to(data["seq"])
+        s._faults.skip_to(data["seq"])
         s.runtime.checkpoint_seq = data["seq"]
         if went_live:
             s._edge.live(s._engine)

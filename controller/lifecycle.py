@@ -13,7 +13,6 @@ import msgpack
 
 from regent import wire
 from regent.controller.edge import sys_path
-from regent.controller.futures import point_of
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View, host_of
 from regent.controller.refs import ProcRef
 from regent.controller.replay import CALL, PROCS
@@ -23,6 +22,7 @@ from regent.wire import Kind
 from regent.wire.security import is_loopback
 from regent.worker.classref import class_ref
 from regent.worker.errors import SupervisionError
+from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor
 
 if TYPE_CHECKING:
@@ -154,8 +154,8 @@ class Lifecycle:
         digest = wire.call_digest(identity, wire.dumps(identity))
         sink = GatherSink(View.full(dims))
         metas = [{"co": dict(point_of(dims, rank)), "sz": dims} for rank in range(len(procs))]
-        s._issue_call(Kind.SPAWN, "spawn", name, "__init__", frames, digest, procs, tuple(range(len(procs))),
-                      sink, metas)
+        spawn = s._issue_call(Kind.SPAWN, "spawn", name, "__init__", frames, digest, procs,
+                              tuple(range(len(procs))), sink, metas)
         policy = policy_of(restart)
         try:
             sink.future.get()
@@ -165,10 +165,18 @@ class Lifecycle:
         self.actor_names.add(name)
         mesh_sup = MeshSupervisor(name, len(procs), policy) if policy else None
         replay = s._engine.replay
+        escalation = None
         if mesh_sup is not None and replay is not None:
             # Incarnations go on from where the previous leaders' restarts left them.
             mesh_sup.incarnation.update({r: inc for (m, r), inc in replay.incarnations.items() if m == name})
-        s._supervisor.register(MeshState(name, procs, dims, frames, mesh_sup, coords=metas))
+            # A mesh a previous leader gave up on stays given up on: it is not restarted again.
+            escalation = _journaled_escalation(replay.supervision, name, spawn.seq)
+            if escalation is not None:
+                mesh_sup.escalated = escalation["report"]
+        state = MeshState(name, procs, dims, frames, mesh_sup, coords=metas, spawn_seq=spawn.seq)
+        s._supervisor.register(state)
+        if escalation is not None:  # handed to the program after replay, unless it was already
+            s._faults.seen(state, escalation["rank"], escalation["report"], "escalation")
         return ActorMesh(s, name, cls, procs, dims)
 
     def stop_actors(self, mesh: ActorMesh) -> None:
@@ -205,6 +213,16 @@ class Lifecycle:
             for proc in procs:
                 runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
         s._finished(seq)
+
+
+def _journaled_escalation(records: list, name: str, spawn: int) -> dict | None:
+    """The escalation a previous leader journaled for the mesh that spawn `spawn` made."""
+    for d in records:
+        if (isinstance(d, dict) and d.get("ev") == "escalation" and d.get("mesh") == name
+                and d.get("spawn") == spawn and isinstance(d.get("report"), str)):
+            rank = d.get("rank")
+            return {"report": d["report"], "rank": rank if isinstance(rank, int) and rank >= 0 else 0}
+    return None
 
 
 def _journaled_pick(seq: int, value: Any, cluster: str, n: int) -> dict:

@@ -34,6 +34,7 @@ from regent.controller.edge import (
     raise_pending_handoff,
 )
 from regent.controller.engine import COLLECTED, Append, AwaitReads, Engine, Send
+from regent.controller.faults import Faults, MeshFailure
 from regent.controller.futures import Future
 from regent.controller.lifecycle import Lifecycle
 from regent.controller.loop import run as run_on_loop
@@ -81,11 +82,17 @@ class Session:
     (primary or standby) contacts them (default $REGENT_ORPHAN_TIMEOUT_S or 300 s).
     links: optional routing of this controller's connections (chaos tests put a Toxiproxy
     proxy on every link): an object with connect(addr) and advertise(addr).
+    on_unhandled_fault: `fn(failure: MeshFailure)`, Monarch's `unhandled_fault_hook`: called
+    for an actor failure nothing handles (a supervised mesh escalated, or a member of a mesh
+    with no restart policy failed), on the program's thread, at its next session call; journaled
+    first, and called again at the same point by a standby's replay (controller/faults.py).
+    Default: the failure is logged (it also reaches the program as SupervisionError on calls).
     """
 
     def __init__(self, name: str, journal: str | None = None, *, lease_ttl_s: float | None = None,
                  campaign_timeout: float | None = None, links: Any = None,
-                 orphan_timeout_s: float | None = None):
+                 orphan_timeout_s: float | None = None,
+                 on_unhandled_fault: Callable[[MeshFailure], Any] | None = None):
         if not name or "/" in name or len(name) > 128:
             raise ValueError(f"session name {name!r} must be 1..128 characters without '/'")
         configure_logging(only_if_unconfigured=True)
@@ -100,12 +107,14 @@ class Session:
         self.journal_url, self.holder, self.epoch = edge.journal_url, edge.holder, edge.epoch
         self.run_id, self.sid, self.takeover_at = edge.run_id, edge.sid, edge.takeover_at
         self._engine = Engine(edge.sid, edge.replay, journaled=edge.journaled, value_limit=journal_value_limit())
+        self._faults = Faults(on_unhandled_fault, edge.replay)
         self._drive = Drive()  # who steps the engine: this thread, or the runtime's IO thread
         self._recorder = Recorder(self._engine, on_exit=self._actor_exited)
         edge.connect(self._engine.core, self._drive, self._recorder, on_failure=self._on_journal_failed,
                      on_lost=self._on_leadership_lost)
         self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
         self.runtime, self._supervisor = edge.runtime, edge.supervisor
+        self._supervisor.on_unhandled = self._faults.seen
         self.runtime.quiet = lambda: self._engine.replaying
         self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)
@@ -155,6 +164,10 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self._faults.undelivered():
+            log.warning("actor failures nothing handled came after the program's last session call; "
+                        "the unhandled-fault hook was not called for them", session=self.name,
+                        failures=self._faults.undelivered())
         if self._edge.audit:
             self._edge.finish(self, error)
             return
@@ -201,6 +214,14 @@ class Session:
         self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
                                 abnormal=not outcome.meta.get("normal"))
 
+    def _replayed_exit(self, call: PendingCall, point: int, outcome: Outcome) -> None:
+        """A journaled exit of an unsupervised actor, replayed: a failure nothing handles, which
+        the previous leader may not have handed to the program (faults dedupe it if it did).
+        A supervised one was restarted by the previous leader already."""
+        state = self._supervisor.meshes.get(call.actor)
+        if state is not None and state.supervisor is None:
+            self._actor_exited(call, point, outcome)
+
     def _check_live(self) -> None:
         raise_pending_handoff()  # a SIGTERM that came while regent's own code ran
         failed = self._failed()
@@ -228,6 +249,9 @@ class Session:
         """Take the next seq for a side effect on the proc processes `targets` (None: a host
         agent or the journal), once what it rests on is durable; its journal record, if any."""
         self._check_live()
+        faults = self._faults
+        if faults.live or faults.replayed:  # failures nothing handles: the program's hook, first
+            faults.deliver(self)
         engine, writer, lock = self._engine, self.writer, self._drive.lock
         with lock:
             wait = engine.reads.wait_before(targets, writer.durable_lsn, durable_first)
@@ -330,6 +354,8 @@ class Session:
                         runtime.send_call(call, effect.rank)
                 else:
                     runtime.deliver_local(call, effect.rank, effect.outcome)
+                    if effect.outcome.status == "exit" and effect.outcome.journaled:
+                        self._replayed_exit(call, effect.rank, effect.outcome)
             # Replies waiting in the inbox are handled here, by the driver at hand, rather than
             # by the IO thread contending for the drive (a pipelined program issues while they come).
             runtime.drain_ready()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ class MeshState:
     supervisor: MeshSupervisor | None
     ready: dict[int, threading.Event] = field(default_factory=dict)
     coords: list[dict] = field(default_factory=list)
+    spawn_seq: int = -1  # the seq of the spawn that made it (a name may be spawned again)
 
     def wait_ready(self, rank: int) -> None:
         """Block a call while its actor restarts; raise if the mesh has escalated."""
@@ -66,6 +68,8 @@ class Supervisor:
         self.path = path
         self.meshes: dict[str, MeshState] = {}
         self.events: list[dict] = []
+        # (mesh state, rank, reason, kind) -> None: a failure nothing handles (controller/faults.py)
+        self.on_unhandled: Callable[[MeshState, int, str, str], None] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"regent-supervisor-{sid}", daemon=True)
@@ -93,7 +97,11 @@ class Supervisor:
 
     def failed(self, mesh: str, rank: int, reason: str, abnormal: bool) -> None:
         state = self.meshes.get(mesh)
-        if state is None or state.supervisor is None:
+        if state is None:
+            return
+        if state.supervisor is None:  # unsupervised: nothing handles it
+            if abnormal and self.on_unhandled is not None:
+                self.on_unhandled(state, rank, reason, "unsupervised")
             return
         state.ready[rank].clear()  # calls wait until the supervisor decides
         self._queue.put((mesh, rank, reason, abnormal))
@@ -139,9 +147,11 @@ class Supervisor:
                 self._release(state)
             return
         if decision.action == "escalate":
-            self._event("escalation", mesh=mesh, report=decision.report)
+            self._event("escalation", mesh=mesh, report=decision.report, rank=rank, spawn=state.spawn_seq)
             log.error("supervision escalated to the program", mesh=mesh, report=decision.report)
             self._release(state)
+            if self.on_unhandled is not None:
+                self.on_unhandled(state, rank, decision.report, "escalation")
             return
         for r in decision.ranks:
             state.ready[r].clear()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     **dict.fromkeys(
         ("Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError",
-         "Future", "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError",
+         "Future", "HostMesh", "LeadershipLost", "MeshFailure", "MessageTooLarge", "NonDeterminismError",
          "Point", "ProcMesh", "RegentError", "Session", "SupervisionError", "ValueMesh",
          "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint"),
         "regent.controller"),
@@ -29,7 +29,7 @@ _EXPORTS = {
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
-    "HostMesh", "LeadershipLost", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh",
+    "HostMesh", "LeadershipLost", "MeshFailure", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh",
     "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh", "concurrent_endpoint",
     "context", "current_rank", "current_size", "endpoint",
 ]
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         Future,
         HostMesh,
         LeadershipLost,
+        MeshFailure,
         MessageTooLarge,
         NonDeterminismError,
         Point,
