@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from regent.controller.futures import Future, Point, ValueMesh
 from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
+from regent.worker.client import Target
+from regent.worker.remote import ActorMeshRef, ProcMeshRef, actor_ref, proc_ref
 from regent.worker.shape import select, size_of
 from regent.worker.system import ProcGroup
 
@@ -127,6 +129,19 @@ class ProcMesh:
     def procs(self) -> list[ProcRef]:
         return [self._procs[r] for r in self._view.ranks]
 
+    def __reduce__(self) -> tuple:
+        """Sent to an actor, a proc mesh travels as a `ProcMeshRef`: plain data, no Session."""
+        return self._ref().__reduce__()
+
+    def __regent_digest__(self) -> tuple:
+        """What a call's digest takes of this mesh: not its addresses or epoch (wire.call_digest)."""
+        return self._ref().__regent_digest__()
+
+    def _ref(self) -> ProcMeshRef:
+        procs = self.procs()
+        return proc_ref(self._session.sid, self._view.dims, [_target(p) for p in procs], [p.key for p in procs],
+                        self._session.epoch)
+
     def spawn(self, name: str, actor_class: type, *args: Any, restart: Any = None, **kwargs: Any) -> ActorMesh:
         """Create one actor per proc; returns when every actor's __init__ has run.
 
@@ -175,6 +190,10 @@ class ProcMesh:
 _PROC_GROUP_PREFIX = "__regent_pg__"
 
 
+def _target(p: ProcRef) -> Target:
+    return Target(p.address, p.id, p.host)
+
+
 def host_of(address: str) -> str:
     """The host part of a proc's address: tcp://10.0.0.5:4411 -> 10.0.0.5, tcp://[::1]:4411 -> ::1."""
     host = address.split("://", 1)[-1].rsplit(":", 1)[0]
@@ -213,6 +232,21 @@ class ActorMesh:
 
     def stop(self) -> None:
         self._session._lifecycle.stop_actors(self)
+
+    def __reduce__(self) -> tuple:
+        """Sent to an actor, an actor mesh travels as an `ActorMeshRef`: plain data, no Session;
+        the actor calls it through its own proc (docs/design.md, "Calls made by actors")."""
+        return self._ref().__reduce__()
+
+    def __regent_digest__(self) -> tuple:
+        """What a call's digest takes of this mesh: not its addresses or epoch (wire.call_digest)."""
+        return self._ref().__regent_digest__()
+
+    def _ref(self) -> ActorMeshRef:
+        ranks = self._view.ranks
+        procs = [self._procs[r] for r in ranks]
+        return actor_ref(self._session.sid, self._name, self._class, self._view.dims, ranks,
+                         [_target(p) for p in procs], [p.key for p in procs], self._session.epoch)
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):

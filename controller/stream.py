@@ -12,7 +12,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from regent.controller.futures import Point, point_of
+from regent.controller.futures import Point
+from regent.worker.shape import point_of
 
 if TYPE_CHECKING:
     from regent.controller.mesh import StreamSink

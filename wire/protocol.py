@@ -304,11 +304,20 @@ class _Pickler(cloudpickle.CloudPickler):
         return super().reducer_override(obj) if r is NotImplemented else r
 
 
+def _digested(identity: Any) -> None:
+    """Stands in, in a digest only, for an object that says what identifies it."""
+
+
 class _DigestPickler(pickle.Pickler):
     """Classes by name, never by value: the same call pickles to the same bytes in
-    every process (cloudpickle's by-value classes carry a per-process id)."""
+    every process (cloudpickle's by-value classes carry a per-process id). An object whose
+    class defines `__regent_digest__()` is digested as what that returns: a mesh reference
+    names its procs by stable keys there, not by addresses a replacement changes."""
 
     def reducer_override(self, obj: Any) -> Any:
+        ident = getattr(type(obj), "__regent_digest__", None)
+        if ident is not None:
+            return _digested, (ident(obj),)
         return _reduce_tensor(obj)
 
 

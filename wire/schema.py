@@ -42,6 +42,9 @@ ADDRESS_PATTERN = rf"^(?:tcp://{_HOST}:{_PORT}|ipc://{_PATH})\Z"
 ADDRESS = re.compile(ADDRESS_PATTERN)
 Address = Annotated[str, Meta(max_length=255, pattern=ADDRESS_PATTERN)]
 Digest = Annotated[bytes, Meta(max_length=64)]
+# A call made by an actor: the path of calls it descends from under the root call id `s`
+# ("<actor>.<point>.<k>" per level, joined by "/"; docs/design.md, "Calls made by actors").
+Origin = Annotated[str, Meta(max_length=4096)]
 Text = Annotated[str, Meta(max_length=protocol.MAX_META_BYTES)]  # error messages and tracebacks
 Seconds = Annotated[float, Meta(ge=0)]
 Env = Annotated[dict[Annotated[str, Meta(max_length=1024)], Annotated[str, Meta(max_length=65536)]],
@@ -67,6 +70,7 @@ class Call(TypedDict):
     d: Digest  # digest of the arguments: the same id with other arguments is a divergence
     pt: Point
     rt: NotRequired[Address]  # where the result goes
+    o: NotRequired[Origin]  # made by an actor, not by the controller
 
 
 class Spawn(Call):
@@ -120,6 +124,7 @@ class Result(TypedDict):
     pid: NotRequired[Pid]
     inc: NotRequired[Count]
     n: NotRequired[RequestId | None]
+    o: NotRequired[Origin]  # the answer to a call an actor made
 
 
 class Pong(TypedDict):
@@ -279,6 +284,7 @@ CONTROLLER = Receiver("controller", {
 PROC = Receiver("proc", {
     Kind.CALL: Call, Kind.STOP: Call, Kind.SPAWN: Spawn, Kind.FENCE: Fence, Kind.WATERMARK: Watermark,
     Kind.PING: Ping, Kind.HOST_REP: HostReply, Kind.BATCH: Batch,
+    Kind.RESULT: Result,  # answers to the calls its actors make
 })
 HOST = Receiver("host agent", {
     Kind.HOST_REQ: HostRequest, Kind.PING: Ping, Kind.PROC_READY: ProcReady, Kind.PROC_ADOPT: ProcAdopt,

@@ -21,11 +21,12 @@ from regent.worker.errors import (
     RegentError,
     SupervisionError,
 )
-from regent.worker.shape import Point
+from regent.worker.remote import ActorMeshRef, ProcMeshRef, RemoteFuture, this_proc
+from regent.worker.shape import Point, ValueMesh
 from regent.worker.supervision import RestartPolicy
 
 __all__ = [
-    "Actor", "ActorContext", "ActorError", "DivergenceError", "FencedError", "MessageTooLarge",
-    "Point", "ProtocolError", "RegentError", "RestartPolicy", "SupervisionError", "concurrent_endpoint", "context",
-    "current_rank", "current_size", "endpoint",
+    "Actor", "ActorContext", "ActorError", "ActorMeshRef", "DivergenceError", "FencedError", "MessageTooLarge",
+    "Point", "ProcMeshRef", "ProtocolError", "RegentError", "RemoteFuture", "RestartPolicy", "SupervisionError",
+    "ValueMesh", "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint", "this_proc",
 ]

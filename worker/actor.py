@@ -79,6 +79,35 @@ _current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(
     "regent_actor_context", default=None
 )
 
+MAX_ORIGIN = 4000  # characters of a call's origin path (wire.schema.Origin allows 4096)
+
+
+@dataclass
+class CallSite:
+    """The call an actor's code is running under: what the ids of the calls it makes derive
+    from. The k-th call made while running call (seq, origin) at actor[point] has the id
+    (seq, origin + "/actor[point]#k"): the same on every execution of that call, so a callee
+    runs each once (docs/design.md, "Calls made by actors")."""
+
+    seq: int  # the root call id: the controller's seq this chain of calls descends from
+    origin: str  # "" for a call the controller made
+    actor: str
+    point: int
+    made: int = 0
+
+    def child(self) -> str:
+        """The origin of the next call made under this one."""
+        step = f"{self.actor}[{self.point}]#{self.made}"
+        self.made += 1
+        origin = f"{self.origin}/{step}" if self.origin else step
+        if len(origin) > MAX_ORIGIN:
+            raise RuntimeError(f"calls made by actors nest too deep ({origin[:200]}...): "
+                               f"a chain of calls may be at most {MAX_ORIGIN} characters of ids")
+        return origin
+
+
+_calling: contextvars.ContextVar[CallSite | None] = contextvars.ContextVar("regent_call_site", default=None)
+
 
 def context() -> ActorContext:
     """The context of the actor whose code is running (raises outside an actor)."""

@@ -7,6 +7,7 @@ watermark says no replay can need them. Pure bookkeeping: no sockets, no threads
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -16,6 +17,9 @@ from regent.worker.errors import DivergenceError
 # Results larger than this are kept until the checkpoint watermark, smaller ones
 # until the durable watermark (the journal holds small results, not large ones).
 LARGE_RESULT_BYTES = 64 * 1024
+# A call an actor made is kept this long after it finished and its root call was released: its
+# caller resends it until answered, and a resend must find it (docs/design.md, "Calls made by actors").
+DERIVED_HOLD_S = 60.0
 
 
 class CallIdentity(NamedTuple):
@@ -40,6 +44,7 @@ class _Entry:
     result: Any = None  # (meta, frames) once done
     size: int = 0
     done: bool = False
+    done_at: float = 0.0
 
 
 class DedupeCache:
@@ -54,8 +59,12 @@ class DedupeCache:
         self.durable_seq = -1  # results at or below may go if small
         self.checkpoint_seq = -1  # results at or below may go whatever their size
         self.hits = 0
+        # Calls made by actors, keyed (root seq, actor, origin): not in seq order, and not refused
+        # below the watermark (a broadcast's handler may call on after its seq was released).
+        self._derived: dict[tuple[int, str, str], _Entry] = {}
 
-    def admit(self, seq: int, actor: str, identity: CallIdentity, reply_to: Any) -> tuple[str, Any]:
+    def admit(self, seq: int, actor: str, identity: CallIdentity, reply_to: Any,
+              origin: str = "") -> tuple[str, Any]:
         """Decide what to do with an incoming call.
 
         Returns ("run", None) for a new call, ("cached", result) for a finished one,
@@ -63,6 +72,8 @@ class DedupeCache:
         Raises DivergenceError for the same id with any other part of its identity
         (kind, endpoint, point, arguments), finished or in flight alike.
         """
+        if origin:
+            return self._admit_derived((seq, actor, origin), identity, reply_to)
         key = (seq, actor)
         entry = self._entries.get(key)
         if entry is None:
@@ -78,9 +89,19 @@ class DedupeCache:
             else:
                 self._last_seq = seq
             return "run", None
+        return self._repeat(entry, identity, f"call seq {seq} to {actor}", reply_to)
+
+    def _admit_derived(self, key: tuple[int, str, str], identity: CallIdentity, reply_to: Any) -> tuple[str, Any]:
+        entry = self._derived.get(key)
+        if entry is None:
+            self._derived[key] = _Entry(identity, [reply_to])
+            return "run", None
+        return self._repeat(entry, identity, f"call {key[2]!r} (root seq {key[0]}) to {key[1]}", reply_to)
+
+    def _repeat(self, entry: _Entry, identity: CallIdentity, what: str, reply_to: Any) -> tuple[str, Any]:
         if entry.identity != identity:
             raise DivergenceError(
-                f"call seq {seq} to {actor} was first sent as {entry.identity.describe()} and now as "
+                f"{what} was first sent as {entry.identity.describe()} and now as "
                 f"{identity.describe()}: the controller program is not deterministic (or two "
                 "controllers disagree); it was not run again"
             )
@@ -90,8 +111,15 @@ class DedupeCache:
         entry.waiters.append(reply_to)
         return "joined", None
 
-    def complete(self, seq: int, actor: str, result: Any, size: int) -> list:
+    def complete(self, seq: int, actor: str, result: Any, size: int, origin: str = "") -> list:
         """Store a finished call's result; returns the waiters to answer."""
+        if origin:
+            entry = self._derived.get((seq, actor, origin))
+            if entry is None:
+                return []
+            entry.result, entry.size, entry.done, entry.done_at = result, size, True, time.monotonic()
+            waiters, entry.waiters = entry.waiters, []
+            return waiters
         entry = self._entries.get((seq, actor))
         if entry is None:
             return []
@@ -121,6 +149,11 @@ class DedupeCache:
                 drop.append(k)
         for k in drop:
             del self._entries[k]
+        if self._derived:
+            old = time.monotonic() - DERIVED_HOLD_S
+            gone = [k for k, e in self._derived.items() if e.done and k[0] <= mark and e.done_at < old]
+            for k in gone:
+                del self._derived[k]
         if not ordered:
             self._entries = dict(sorted(self._entries.items(), key=lambda kv: kv[0][0]))
             self._ordered = True
@@ -128,4 +161,4 @@ class DedupeCache:
         return len(drop)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) + len(self._derived)

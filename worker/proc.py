@@ -53,17 +53,21 @@ from regent.wire.transport import (
 from regent.worker._host_watch import _environment_of, _HostWatch
 from regent.worker.actor import (
     ActorContext,
+    CallSite,
+    _calling,
     _current,
     endpoint_names,
     is_async_endpoint,
     is_concurrent_endpoint,
 )
 from regent.worker.classref import load_class
+from regent.worker.client import ActorClient
 from regent.worker.dedupe import CallIdentity, DedupeCache
 from regent.worker.errors import ActorExit, DivergenceError
 from regent.worker.fencing import EpochFence
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
+from regent.worker.remote import install_client
 from regent.worker.shape import Point
 
 log = structlog.get_logger("regent.proc")
@@ -136,6 +140,7 @@ class ProcRuntime(_HostWatch):
         self.host_inbox = host_inbox
         self.fence = EpochFence(epoch)  # what its session had seen when this proc started
         self.dedupe = DedupeCache()
+        self.client = ActorClient(self)  # the calls this proc's actors make
         self.actors: dict[str, _Slot] = {}
         self.pending: dict[str, collections.deque] = {}
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
@@ -155,6 +160,7 @@ class ProcRuntime(_HostWatch):
 
     def run(self) -> None:
         asyncio.set_event_loop(self.loop)
+        install_client(self.client)
         prefix_actor_logs()
         if forwarding_enabled():
             host = os.environ.get("REGENT_HOST_NAME") or socket.gethostname()
@@ -309,6 +315,10 @@ class ProcRuntime(_HostWatch):
         if kind is Kind.HOST_REP:
             self._on_host_reply(meta)
             return
+        if kind is Kind.RESULT:  # the answer to a call one of our actors made
+            if meta.get("sid", self.session) == self.session:
+                self.client.on_result(meta, payload)
+            return
         if kind is Kind.PING:
             rt = meta.get("rt")
             if valid_address(rt):
@@ -325,13 +335,14 @@ class ProcRuntime(_HostWatch):
             self._rt_checked = rt  # the controller's address, in almost every message
         if not self.fence.admit(epoch):
             if rt:
-                self._reply(rt, Kind.RESULT, {
-                    "sid": self.session, "s": meta.get("s", -1), "a": meta.get("a", ""),
-                    "pt": meta.get("pt", 0), "st": "fenced", "e": self.fence.epoch,
-                    "em": f"epoch {epoch} is below {self.fence.epoch}: this controller was deposed",
-                })
+                refused = {"sid": self.session, "s": meta.get("s", -1), "a": meta.get("a", ""),
+                           "pt": meta.get("pt", 0), "st": "fenced", "e": self.fence.epoch,
+                           "em": f"epoch {epoch} is below {self.fence.epoch}: this controller was deposed"}
+                if meta.get("o"):
+                    refused["o"] = meta["o"]  # an actor's call: its proc takes the newer epoch and resends
+                self._reply(rt, Kind.RESULT, refused)
             return
-        if rt:
+        if rt and not meta.get("o"):
             self.log_to = rt  # an admitted epoch: the newest controller, which gets our output
         if kind is Kind.CALL:
             self._on_call(meta, payload, rt)
@@ -349,16 +360,17 @@ class ProcRuntime(_HostWatch):
 
     # --- calls -------------------------------------------------------------------
 
-    def _admit(self, kind: Kind, meta: dict, rt: str | None) -> tuple[str, int, int, str] | None:
-        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point, method)
-        to run. A message reusing an id for anything else is refused by the cache."""
+    def _admit(self, kind: Kind, meta: dict, rt: str | None) -> tuple[str, int, int, str, str] | None:
+        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point, method,
+        origin) to run. A message reusing an id for anything else is refused by the cache."""
         seq, actor, point, method = meta["s"], meta["a"], meta["pt"], meta["m"]  # wire.schema.Call
+        origin = meta.get("o", "")  # "": the controller's call; else one an actor made
         identity = CallIdentity(kind, method, point, meta["d"])
         try:
-            verdict, cached = self.dedupe.admit(seq, actor, identity, rt)
+            verdict, cached = self.dedupe.admit(seq, actor, identity, rt, origin)
         except DivergenceError as e:
             if rt:
-                self._reply(rt, Kind.RESULT, self._result_meta(seq, actor, point, "divergence", em=str(e)))
+                self._reply(rt, Kind.RESULT, self._result_meta(seq, actor, point, "divergence", o=origin, em=str(e)))
             return None
         if verdict == "cached":
             if rt:
@@ -366,22 +378,22 @@ class ProcRuntime(_HostWatch):
             return None
         if verdict == "joined":
             return None
-        return actor, seq, point, method
+        return actor, seq, point, method, origin
 
     def _on_call(self, meta: dict, payload: list, rt: str | None) -> None:
         admitted = self._admit(Kind.CALL, meta, rt)
         if admitted is None:
             return
-        actor, seq, point, method = admitted
+        actor, seq, point, method, o = admitted
         slot = self.actors.get(actor)
         if slot is None:
-            self._finish(seq, actor, point, "noactor", em=f"no actor {actor!r} on proc {self.proc_id}")
+            self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {actor!r} on proc {self.proc_id}")
             return
         if method not in slot.endpoints:
-            self._finish(seq, actor, point, "err", et="AttributeError",
+            self._finish(seq, actor, point, "err", o=o, et="AttributeError",
                          em=f"{type(slot.instance).__name__} has no endpoint {method!r}", tb="")
             return
-        slot.mailbox.append((seq, point, method, payload))
+        slot.mailbox.append((seq, point, method, payload, o))
         if not slot.busy:
             self._drain(slot)
 
@@ -391,34 +403,36 @@ class ProcRuntime(_HostWatch):
         has run to its first await (the next message is taken on the loop's next turn)."""
         slot.busy = True
         while slot.mailbox:
-            seq, point, method, payload = slot.mailbox.popleft()
+            seq, point, method, payload, o = slot.mailbox.popleft()
             fn, run = slot.endpoint(method)
             if run is not _Run.INLINE:
                 self._async_running += 1
-                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run))
+                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o))
                 slot.tasks.add(task)
                 task.add_done_callback(slot.tasks.discard)
                 if run is _Run.CONCURRENT:
                     self.loop.call_soon(self._resume, slot)  # after the task's first step
                 return
             token = _current.set(slot.ctx)
+            site = _calling.set(CallSite(seq, o, slot.name, point))
             try:
                 args, kwargs = wire.loads(payload)
                 slot.executions += 1
                 value = fn(*args, **kwargs)
             except ActorExit as e:
-                self._exit(slot, seq, point, e)
+                self._exit(slot, seq, point, e, o=o)
                 return
             except Exception as e:  # an error the endpoint raised: it goes back to the caller
-                self._finish_error(seq, slot.name, point, e)
+                self._finish_error(seq, slot.name, point, e, o=o)
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
-                self._fail(slot, seq, point, method, e)
+                self._fail(slot, seq, point, method, e, o=o)
                 return
             else:
-                self._finish_value(seq, slot.name, point, value)
+                self._finish_value(seq, slot.name, point, value, o=o)
             finally:
+                _calling.reset(site)
                 _current.reset(token)
         slot.busy = False
 
@@ -427,17 +441,18 @@ class ProcRuntime(_HostWatch):
             self._drain(slot)
 
     async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list,
-                         run: _Run) -> None:
+                         run: _Run, o: str = "") -> None:
         token = _current.set(slot.ctx)
+        _calling.set(CallSite(seq, o, slot.name, point))  # this task's own context
         try:
             args, kwargs = wire.loads(payload)
             slot.executions += 1
             value = await fn(*args, **kwargs)
         except ActorExit as e:
-            self._exit(slot, seq, point, e)
+            self._exit(slot, seq, point, e, o=o)
             return
         except Exception as e:
-            self._finish_error(seq, slot.name, point, e)
+            self._finish_error(seq, slot.name, point, e, o=o)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:  # noqa: BLE001 - the actor fails; its mailbox must not stay parked
@@ -445,29 +460,30 @@ class ProcRuntime(_HostWatch):
                 if self.stopping:
                     raise  # the proc is shutting down and cancels what runs
                 if slot.ended is not None:  # the actor ended while this call ran (_close)
-                    self._finish(seq, slot.name, point, "dead", em=f"{slot.ended} while this call ran")
+                    self._finish(seq, slot.name, point, "dead", o=o, em=f"{slot.ended} while this call ran")
                     return
-            self._fail(slot, seq, point, method, e)
+            self._fail(slot, seq, point, method, e, o=o)
             return
         else:
-            self._finish_value(seq, slot.name, point, value)
+            self._finish_value(seq, slot.name, point, value, o=o)
         finally:
             _current.reset(token)
             self._async_running -= 1
         if run is _Run.TASK and slot.ended is None:
             self._drain(slot)
 
-    def _fail(self, slot: _Slot, seq: int, point: int, method: str, e: BaseException) -> None:
+    def _fail(self, slot: _Slot, seq: int, point: int, method: str, e: BaseException, o: str = "") -> None:
         """An endpoint raised a BaseException that is not an Exception (nor SystemExit or
         KeyboardInterrupt, which stop the proc): the actor fails, as an abnormal exit. The
         caller gets a SupervisionError, queued calls fail, and the mesh's restart policy applies."""
-        self._exit(slot, seq, point, ActorExit(f"{method} raised {type(e).__name__}: {e}", normal=False), e)
+        self._exit(slot, seq, point, ActorExit(f"{method} raised {type(e).__name__}: {e}", normal=False), e, o=o)
 
-    def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit, cause: BaseException | None = None) -> None:
+    def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit, cause: BaseException | None = None,
+              o: str = "") -> None:
         """The actor stopped itself: this call reports it, other calls fail, the actor is gone.
         Its __cleanup__ gets what failed it (`cause`, else the ActorExit), or None if normal."""
         kind = "normal" if e.normal else "abnormal"
-        self._finish(seq, slot.name, point, "exit", em=f"actor {slot.name} stopped ({kind}): {e.reason}",
+        self._finish(seq, slot.name, point, "exit", o=o, em=f"actor {slot.name} stopped ({kind}): {e.reason}",
                      normal=e.normal)
         self._retire(slot, f"actor {slot.name} stopped ({kind})", None if e.normal else cause or e)
 
@@ -478,13 +494,13 @@ class ProcRuntime(_HostWatch):
             del self.actors[slot.name]
         slot.busy = False
         while slot.mailbox:
-            seq, point, _, _ = slot.mailbox.popleft()
-            self._finish(seq, slot.name, point, "dead", em=f"{why} before running this call")
+            seq, point, _, _, o = slot.mailbox.popleft()
+            self._finish(seq, slot.name, point, "dead", o=o, em=f"{why} before running this call")
         return self._close(slot, why, exc)
 
-    def _finish_value(self, seq: int, actor: str, point: int, value: Any) -> None:
+    def _finish_value(self, seq: int, actor: str, point: int, value: Any, o: str = "") -> None:
         if value is None:  # no payload at all: the controller reads an empty result as None
-            self._finish(seq, actor, point, "ok")
+            self._finish(seq, actor, point, "ok", o=o)
             return
         try:
             frames = wire.dumps(value)
@@ -492,12 +508,12 @@ class ProcRuntime(_HostWatch):
                 msg = wire.encode(Kind.RESULT, self._result_meta(seq, actor, point, "ok"), frames)
                 refuse_oversized(msg, self._max_message, "the controller")
         except Exception as e:  # MessageTooLarge too: the caller hears why, rather than nothing
-            self._finish_error(seq, actor, point, e)
+            self._finish_error(seq, actor, point, e, o=o)
             return
-        self._finish(seq, actor, point, "ok", frames=frames)
+        self._finish(seq, actor, point, "ok", frames=frames, o=o)
 
-    def _finish_error(self, seq: int, actor: str, point: int, e: BaseException) -> None:
-        self._finish(seq, actor, point, "err", **_error_fields(e))
+    def _finish_error(self, seq: int, actor: str, point: int, e: BaseException, o: str = "") -> None:
+        self._finish(seq, actor, point, "err", o=o, **_error_fields(e))
 
     def _result_meta(self, seq: int, actor: str, point: int, status: str, **extra: Any) -> dict:
         meta = {"sid": self.session, "s": seq, "a": actor, "pt": point, "st": status}
@@ -505,10 +521,13 @@ class ProcRuntime(_HostWatch):
             meta.update(extra)
         return meta
 
-    def _finish(self, seq: int, actor: str, point: int, status: str, frames: list | None = None, **extra: Any) -> None:
+    def _finish(self, seq: int, actor: str, point: int, status: str, frames: list | None = None, o: str = "",
+                **extra: Any) -> None:
         meta = self._result_meta(seq, actor, point, status, **extra)
+        if o:
+            meta["o"] = o
         frames = frames or _NO_FRAMES
-        waiters = self.dedupe.complete(seq, actor, (meta, frames), wire.payload_size(frames))
+        waiters = self.dedupe.complete(seq, actor, (meta, frames), wire.payload_size(frames), o)
         if waiters:
             msg = wire.encode(Kind.RESULT, meta, frames)
             for rt in waiters:
@@ -524,15 +543,19 @@ class ProcRuntime(_HostWatch):
         admitted = self._admit(Kind.SPAWN, meta, rt)
         if admitted is None:
             return
-        actor, seq, point, _ = admitted
+        actor, seq, point, _, o = admitted
+        if o and actor in self.actors:  # an actor's spawn takes no name in use (the controller's may)
+            self._finish(seq, actor, point, "err", o=o, et="ValueError", tb="",
+                         em=f"an actor named {actor!r} already lives on proc {self.proc_id}: pick another name")
+            return
         slot = self._construct(actor, point, meta, int(meta.get("inc", 0)), payload,
-                               partial(self._finish_error, seq, actor, point))
+                               partial(self._finish_error, seq, actor, point, o=o), CallSite(seq, o, actor, point))
         if slot is None:
             return
         if actor in self.actors:
             self._retire(self.actors[actor], f"actor {actor} was spawned again")
         self.actors[actor] = slot
-        self._finish(seq, actor, point, "ok", pid=os.getpid())
+        self._finish(seq, actor, point, "ok", o=o, pid=os.getpid())
 
     def _on_restart(self, meta: dict, payload: list, rt: str | None) -> None:
         """A supervisor rebuilds an actor (new incarnation) from its original spawn arguments."""
@@ -552,7 +575,7 @@ class ProcRuntime(_HostWatch):
             if rt:
                 self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "err", n=n, **_error_fields(e)))
 
-        slot = self._construct(actor, point, meta, inc, payload, failed)
+        slot = self._construct(actor, point, meta, inc, payload, failed, CallSite(-1, f"restart{inc}", actor, point))
         if slot is None:
             return
         self.actors[actor] = slot
@@ -560,13 +583,15 @@ class ProcRuntime(_HostWatch):
             self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(), inc=inc))
 
     def _construct(self, actor: str, point: int, meta: dict, incarnation: int, payload: list,
-                   failed: Callable[[Exception], None]) -> _Slot | None:
-        """Build actor `actor` from its spawn arguments, its context current while __init__ runs.
-        What loading or constructing the class raised goes to `failed`, and None comes back."""
+                   failed: Callable[[Exception], None], site: CallSite) -> _Slot | None:
+        """Build actor `actor` from its spawn arguments, its context current while __init__ runs
+        (and `site`, what the calls __init__ makes derive their ids from). What loading or
+        constructing the class raised goes to `failed`, and None comes back."""
         sizes = dict(meta.get("sz") or {})
         ctx = ActorContext(mesh=actor, rank=point, point=Point(point, dict(meta.get("co") or {}), sizes),
                            proc_index=self.index, incarnation=incarnation, sizes=sizes)
         token = _current.set(ctx)
+        calling = _calling.set(site)
         try:
             ref, args, kwargs = wire.loads(payload)
             cls = load_class(ref)
@@ -575,6 +600,7 @@ class ProcRuntime(_HostWatch):
             failed(e)
             return None
         finally:
+            _calling.reset(calling)
             _current.reset(token)
         return _Slot(actor, instance, endpoint_names(cls), ctx)
 
@@ -582,13 +608,13 @@ class ProcRuntime(_HostWatch):
         admitted = self._admit(Kind.STOP, meta, rt)
         if admitted is None:
             return
-        actor, seq, point, _ = admitted
+        actor, seq, point, _, o = admitted
         slot = self.actors.get(actor)
         closing = self._retire(slot, f"actor {actor} was stopped") if slot is not None else None
         if closing is not None:  # answered once its calls are cancelled and its __cleanup__ is done
-            closing.add_done_callback(lambda _: self._finish(seq, actor, point, "ok"))
+            closing.add_done_callback(lambda _: self._finish(seq, actor, point, "ok", o=o))
             return
-        self._finish(seq, actor, point, "ok")
+        self._finish(seq, actor, point, "ok", o=o)
 
     # --- sending -----------------------------------------------------------------
 

@@ -7,6 +7,9 @@ lives below both. Pure functions over dicts and tuples: no sessions, no sockets.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 class Point(Mapping[str, int]):
@@ -107,3 +110,57 @@ def size_of(dims: Mapping[str, int], dim: str | Sequence[str] | None = None) -> 
     for d in dim:
         n *= size_of(dims, d)
     return n
+
+
+class ValueMesh(Generic[T]):
+    """One value per point of the mesh a call was made on."""
+
+    def __init__(self, dims: Mapping[str, int], values: Sequence[T]):
+        self._dims = dict(dims)
+        self._values = list(values)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self._dims)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def values(self) -> list[T]:
+        return list(self._values)
+
+    def items(self) -> Iterator[tuple[Point, T]]:
+        for rank, value in enumerate(self._values):
+            yield point_of(self._dims, rank), value
+
+    def item(self, **coords: int) -> T:
+        """The value at these coordinates (every dim must be named)."""
+        if set(coords) != set(self._dims):
+            raise KeyError(f"item() needs every dimension {list(self._dims)}, got {list(coords)}")
+        rank = 0
+        for name, size in self._dims.items():
+            c = coords[name]
+            if not 0 <= c < size:
+                raise IndexError(f"{name}={c} outside 0..{size - 1}")
+            rank = rank * size + c
+        return self._values[rank]
+
+    def slice(self, **sel: int | slice) -> ValueMesh[T]:
+        """Some of the values, as a mesh's `slice`: dim=i keeps index i and drops the dim,
+        dim=slice(a, b) keeps the dim, restricted (`vm.slice(procs=0).item()`)."""
+        dims, values = select(self._dims, self._values, sel)
+        return ValueMesh(dims, values)
+
+    def flatten(self, name: str) -> ValueMesh[T]:
+        """The same values in row-major order along one dim called `name`."""
+        return ValueMesh({name: len(self._values)}, self._values)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """How many values (dim=None), or the size of a dim (or the product of several)."""
+        return size_of(self._dims, dim)
+
+    def __iter__(self) -> Iterator[tuple[Point, T]]:
+        return self.items()
+
+    def __repr__(self) -> str:
+        return f"ValueMesh({self._dims}, {self._values!r})"

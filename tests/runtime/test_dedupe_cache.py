@@ -81,3 +81,31 @@ def test_a_call_id_in_flight_reused_for_another_call_is_a_divergence_and_joins_n
         cache.admit(1, "a", other, "rt2")
     assert cache.admit(1, "a", ADD, "rt3") == ("joined", None)
     assert cache.complete(1, "a", ({"s": 1}, ()), 10) == ["rt", "rt3"]  # rt2 is no waiter
+
+
+def test_calls_made_by_actors_are_kept_apart_from_the_controllers_call_of_the_same_seq():
+    c = DedupeCache()
+    assert c.admit(5, "a", ADD, "ctl") == ("run", None)
+    assert c.admit(5, "a", ADD, "p1", origin="relay[0]#0") == ("run", None)
+    assert c.admit(5, "a", ADD, "p1", origin="relay[0]#1") == ("run", None)
+    assert c.admit(5, "a", ADD, "p2", origin="relay[0]#0") == ("joined", None)
+    assert c.complete(5, "a", "r0", 1, origin="relay[0]#0") == ["p1", "p2"]
+    assert c.admit(5, "a", ADD, "p1", origin="relay[0]#0") == ("cached", "r0")
+    with pytest.raises(DivergenceError, match="relay"):
+        c.admit(5, "a", CallIdentity(Kind.CALL, "add", 0, b"other"), "p1", origin="relay[0]#0")
+
+
+def test_a_call_made_by_an_actor_is_not_refused_below_the_watermark_and_outlives_it_a_while(monkeypatch):
+    """A broadcast's handler may call after the broadcast's seq was released; its callee keeps
+    the answer DERIVED_HOLD_S after it finished, for the caller's resends."""
+    from regent.worker import dedupe
+
+    c = DedupeCache()
+    c.watermark(10, -1)
+    assert c.admit(3, "a", ADD, "p1", origin="b[1]#0") == ("run", None)
+    c.complete(3, "a", "r", 1, origin="b[1]#0")
+    c.watermark(11, -1)
+    assert c.admit(3, "a", ADD, "p1", origin="b[1]#0") == ("cached", "r")
+    monkeypatch.setattr(dedupe, "DERIVED_HOLD_S", 0.0)
+    c.watermark(11, -1)
+    assert len(c) == 0

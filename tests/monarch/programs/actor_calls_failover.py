@@ -1,0 +1,102 @@
+"""A controller program for the actor-call failover test: actors that call other actors
+through meshes they were given (at spawn, as arguments), spawn their own child meshes, and
+call with every adverb, while the test SIGKILLs successive primaries.
+
+`Store` counts every call it runs by token; each token names one call an actor made, so a
+count above 1 is a call run twice. Configured by environment as tests/failover/programs/mixed.py
+is (REGENT_TEST_SESSION, REGENT_TEST_JOURNAL, REGENT_TEST_STEPS, REGENT_TEST_LEADER_FILE,
+REGENT_TEST_TTL); prints "step i" for each step run live, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from regent.controller import Session
+from regent.worker import Actor, ActorMeshRef, current_rank, endpoint, this_proc
+
+
+class Store(Actor):
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    @endpoint
+    def put(self, token: str, x: int) -> int:
+        """Its answer depends on the call alone: three relays call a store member in any order."""
+        self.seen[token] = self.seen.get(token, 0) + 1
+        time.sleep(0.002)
+        return 2 * x
+
+    @endpoint
+    def report(self) -> dict[str, int]:
+        return dict(self.seen)
+
+
+class Relay(Actor):
+    """Holds the store it was spawned with, and a child mesh of its own on its proc."""
+
+    def __init__(self, store: ActorMeshRef) -> None:
+        self.store = store
+        self.me = current_rank().rank
+        self.child = this_proc().spawn(f"aux{self.me}", Store)
+
+    def _token(self, tag: str, i: int) -> str:
+        return f"{tag}{i}r{self.me}"
+
+    @endpoint
+    def forward(self, tag: str, i: int) -> int:
+        """A call to every store member and one to a chosen member, from a sync endpoint."""
+        every = self.store.put.call(self._token(tag, i), i).get(timeout=60).values()
+        picked = self.store.put.choose(self._token(tag + "c", i), 1).get(timeout=60)
+        return sum(every) + picked
+
+    @endpoint
+    async def forward_async(self, tag: str, i: int) -> int:
+        one = await self.store.slice(procs=i % 3).put.call_one(self._token(tag, i), i)
+        aux = await self.child.put.call_one(self._token(tag + "x", i), i)
+        return one + aux
+
+    @endpoint
+    def through(self, other: ActorMeshRef, tag: str, i: int) -> list[int]:
+        """A mesh passed as an argument, streamed."""
+        return sorted(v for _, v in other.put.stream(self._token(tag, i), 1))
+
+    @endpoint
+    def children(self) -> dict[str, int]:
+        return self.child.report.call_one().get(timeout=60)
+
+
+def main() -> None:
+    steps = int(os.environ.get("REGENT_TEST_STEPS", "40"))
+    with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ["REGENT_TEST_JOURNAL"],
+                 lease_ttl_s=float(os.environ.get("REGENT_TEST_TTL", "1.0"))) as s:
+        with open(os.environ["REGENT_TEST_LEADER_FILE"], "a") as f:
+            f.write(f"{os.getpid()}\n")
+        procs = s.spawn_procs(per_host={"procs": 3})
+        store = procs.spawn("store", Store)
+        relay = procs.spawn("relay", Relay, store)
+        out: list = []
+        for i in range(steps):
+            k = i % 4
+            if k == 0:
+                out.append(relay.forward.call("f", i).get().values())
+            elif k == 1:
+                out.append(relay.slice(procs=i % 3).forward_async.call_one("a", i).get())
+            elif k == 2:
+                out.append(relay.slice(procs=(i + 1) % 3).through.call_one(store, "t", i).get())
+            else:
+                relay.forward.broadcast("b", i)
+            if not s.replaying:
+                print(f"step {i}", file=sys.stderr, flush=True)
+        # Each relay answers after its broadcast forwards finished (per-sender FIFO), so the
+        # stores' reports, read after, count every call.
+        children = relay.children.call().get().values()
+        reports = store.report.call().get().values()
+        print(json.dumps({"out": out, "reports": reports, "children": children, "role": s.role}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The proc's side of the calls its actors make (docs/design.md, "Calls made by actors").
+
+An actor that calls another mesh sends the call itself, from its proc, under an id derived
+from the call it is running (`actor.CallSite`), and the callee dedupes it as it dedupes the
+controller's calls. This module keeps each such call until it is answered: it resends it
+every RESEND_S (a lost message is found again by id; a repeat joins the execution in flight),
+follows a new controller's epoch when a callee says this proc's is old, and asks the callee's
+host agent whether the proc still lives when a call waits long, failing the call with a
+SupervisionError when it does not. It runs on the proc's loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import zmq
+
+from regent import wire
+from regent.wire import Kind
+from regent.wire.transport import readable
+
+if TYPE_CHECKING:
+    from regent.worker.proc import ProcRuntime
+
+log = structlog.get_logger("regent.proc")
+
+RESEND_S = 2.0  # an unanswered call is sent again this often
+TICK_S = 0.5
+CHECK_S = 5.0  # a call waiting this long has its proc's liveness checked with its host agent
+MAX_FENCED = 8  # a callee refusing this proc's epoch so many times in a row: give up
+
+
+def _dead_after_s() -> float:
+    """How long a callee's host agent may stay silent before its calls fail."""
+    try:
+        return max(1.0, float(os.environ.get("REGENT_ACTOR_CALL_DEAD_S", "30")))
+    except ValueError:
+        return 30.0
+
+
+Key = tuple[int, str, int, str]  # (root seq, actor, point, origin): a derived call id at one point
+
+
+@dataclass(slots=True)
+class Target:
+    """Where one point of a mesh lives: the proc's inbox, its id and its host agent."""
+
+    address: str
+    proc: str
+    host: str
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    kind: Kind
+    target: Target
+    meta: dict  # everything but the epoch, which is the proc's own when it is sent
+    frames: Any
+    future: asyncio.Future  # (meta, payload) of the answer
+    sent_at: float
+    since: float
+    fenced: int = 0
+
+
+class ActorClient:
+    """The calls in flight that this proc's actors made, by id."""
+
+    def __init__(self, runtime: ProcRuntime):
+        self.rt = runtime
+        self.out: dict[Key, _Outgoing] = {}
+        self._asked: dict[str, float] = {}  # host agent -> when it was asked and has not answered
+        self._timer: asyncio.TimerHandle | None = None
+        self._dead_s = _dead_after_s()
+        self.sent = 0
+
+    def send(self, kind: Kind, target: Target, seq: int, actor: str, point: int, origin: str, method: str,
+             digest: bytes, frames: Any, extra: dict | None = None) -> asyncio.Future:
+        """Send one call (CALL, SPAWN or STOP) to one point; the future gets (meta, payload) of its answer.
+        A call already in flight under this id (the same code running again) shares its future."""
+        key = (seq, actor, point, origin)
+        found = self.out.get(key)
+        if found is not None:
+            return found.future
+        meta = {"sid": self.rt.session, "s": seq, "a": actor, "m": method, "d": digest, "pt": point,
+                "rt": self.rt.inbox.address, "o": origin}
+        if extra:
+            meta.update(extra)
+        now = time.monotonic()
+        o = self.out[key] = _Outgoing(kind, target, meta, frames, self.rt.loop.create_future(), now, now)
+        self._transmit(o)
+        if self._timer is None:
+            self._timer = self.rt.loop.call_later(TICK_S, self._tick)
+        return o.future
+
+    def _transmit(self, o: _Outgoing) -> None:
+        o.sent_at = time.monotonic()
+        self.sent += 1
+        self.rt._send(o.target.address, wire.encode(o.kind, {**o.meta, "e": self.rt.fence.epoch}, o.frames))
+
+    # --- answers ---------------------------------------------------------------------
+
+    def on_result(self, meta: dict, payload: list) -> None:
+        key = (meta["s"], meta.get("a", ""), meta["pt"], meta.get("o", ""))
+        o = self.out.get(key)
+        if o is None:
+            return  # a late repeat of an answer already taken
+        if meta["st"] == "fenced":
+            e = meta.get("e", 0)
+            if e > self.rt.fence.epoch:
+                self.rt.fence.admit(e)  # a newer controller leads the session; its epoch is ours now
+            o.fenced += 1
+            if o.fenced < MAX_FENCED:
+                self._transmit(o)
+                return
+        del self.out[key]
+        if not o.future.done():
+            o.future.set_result((meta, payload))
+
+    def _fail(self, key: Key, why: str) -> None:
+        o = self.out.pop(key)
+        if not o.future.done():
+            o.future.set_result(({"s": key[0], "a": key[1], "pt": key[2], "o": key[3], "st": "dead", "em": why}, []))
+
+    # --- resends and liveness ------------------------------------------------------
+
+    def _tick(self) -> None:
+        self._timer = None
+        if not self.out:
+            return
+        now = time.monotonic()
+        check: dict[str, set[str]] = {}
+        for o in list(self.out.values()):
+            if now - o.sent_at >= RESEND_S:
+                self._transmit(o)
+            if now - o.since >= CHECK_S:
+                check.setdefault(o.target.host, set()).add(o.target.proc)
+        for host, procs in check.items():
+            asked = self._asked.get(host)
+            if asked is not None:
+                if now - asked > self._dead_s:
+                    self._lost(lambda t, h=host: t.host == h,
+                               f"the host agent at {host} has not answered for {now - asked:.0f} s")
+                continue
+            self._ask(host, procs)
+        if self.out:
+            self._timer = self.rt.loop.call_later(TICK_S, self._tick)
+
+    def _ask(self, host: str, procs: set[str]) -> None:
+        """Ask a callee's host agent which of the session's procs live there."""
+        rt = self.rt
+        n = next(rt._ack_ids)
+        reply = rt._acks[n] = rt.loop.create_future()
+        self._asked[host] = time.monotonic()
+        rt._send(host, wire.encode(Kind.HOST_REQ, {"sid": rt.session, "e": rt.fence.epoch, "op": "list", "n": n,
+                                                   "rt": rt.inbox.address}, []))
+
+        def answered(f: asyncio.Future) -> None:
+            rt._acks.pop(n, None)
+            if f.cancelled():
+                return
+            self._asked.pop(host, None)
+            listing = f.result()
+            alive = {p.get("id") for p in listing.get("procs") or [] if p.get("alive", True)}
+            gone = procs - alive
+            if listing.get("st") == "ok" and gone:
+                self._lost(lambda t: t.host == host and t.proc in gone,
+                           f"proc {sorted(gone)[0]} is gone (its host agent at {host} no longer lists it)")
+            for o in self.out.values():  # alive: the next check is CHECK_S away
+                if o.target.host == host and o.target.proc not in gone:
+                    o.since = time.monotonic()
+
+        reply.add_done_callback(answered)
+
+    def _lost(self, where: Callable[[Target], bool], why: str) -> None:
+        for key in [k for k, o in self.out.items() if where(o.target)]:
+            log.warning("a call an actor made failed: its callee is gone", actor=key[1], point=key[2], why=why)
+            self._fail(key, why)
+
+    # --- waiting without the loop ----------------------------------------------------
+
+    def pump(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Serve the proc's inbox on this thread until `done()` (True) or `timeout` (False): how
+        a sync endpoint waits for a call it made. Every message is handled as the loop would,
+        so the actors of this proc go on serving; this actor's own mailbox waits."""
+        rt = self.rt
+        sock = rt.inbox.sock
+        end = None if timeout is None else time.monotonic() + timeout
+        next_tick = time.monotonic() + TICK_S
+        while not done():
+            now = time.monotonic()
+            if end is not None and now >= end:
+                return False
+            if now >= next_tick:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._tick()
+                next_tick = now + TICK_S
+            rt._flush_out()
+            wait_ms = int(1000 * min(TICK_S, max(0.0, (end or now + TICK_S) - now)))
+            if not readable(sock) and not sock.poll(max(1, wait_ms), zmq.POLLIN):
+                continue
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            if rt.inbox.accept(frames):
+                rt._handle(frames)
+        rt._flush_out()
+        return True
+

@@ -1,0 +1,313 @@
+"""Meshes as actors hold them: references that travel as plain data, and the calls an actor
+makes through them (docs/design.md, "Calls made by actors").
+
+An ActorMesh or ProcMesh passed to an actor (as an argument, in a result, in actor state)
+arrives as an `ActorMeshRef` or `ProcMeshRef`: the session, the mesh's name and shape, and
+where each member lives (its proc's inbox, id and host agent). No Session travels. Inside an
+actor the reference has the same adverbs as the controller's mesh (call, call_one, choose,
+stream, broadcast, slice, spawn, stop); the proc's `ActorClient` sends the calls under ids
+derived from the call the actor is running, so a caller run again re-issues the same ids and
+each callee runs each call once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import structlog
+
+from regent import wire
+from regent.wire import Kind
+from regent.worker.actor import CallSite, _calling, endpoint_names
+from regent.worker.classref import class_ref
+from regent.worker.client import ActorClient, Target
+from regent.worker.errors import ActorError, DivergenceError, FencedError, SupervisionError
+from regent.worker.shape import Point, ValueMesh, point_of, select, size_of
+
+log = structlog.get_logger("regent.actor")
+
+_client: ActorClient | None = None  # this proc's, set when the proc starts
+
+
+def install_client(client: ActorClient | None) -> None:
+    global _client
+    _client = client
+
+
+def _site(what: str) -> tuple[ActorClient, CallSite]:
+    site = _calling.get()
+    if _client is None or site is None:
+        raise RuntimeError(
+            f"{what} can only be made by an actor, while it runs an endpoint or __init__: a mesh "
+            "reference names no controller. In the controller program, call the mesh the session "
+            "spawned (an ActorMesh), not a reference an actor sent back")
+    return _client, site
+
+
+def _decode(meta: dict, payload: list, actor: str, method: str) -> Any:
+    """An answer as the caller sees it: the value, or the error it raises."""
+    st = meta["st"]
+    if st == "ok":
+        return wire.loads(payload) if payload else None
+    who = f"{actor}[{meta.get('pt', '?')}]"
+    if st == "err":
+        raise ActorError(who, method, str(meta.get("et")), str(meta.get("em")), str(meta.get("tb", "")))
+    if st in ("dead", "noactor", "exit"):
+        raise SupervisionError(f"{who}.{method} failed: {meta.get('em')}", actor=who, reason=st)
+    if st == "fenced":
+        raise FencedError(f"{who} refused {method}: {meta.get('em')}")
+    if st == "divergence":
+        raise DivergenceError(f"{who}.{method}: {meta.get('em')}")
+    raise SupervisionError(f"{who}.{method}: unexpected status {st!r}", actor=who, reason=st)
+
+
+class RemoteFuture:
+    """The answer of a call an actor made: `await` it in an async endpoint, or `.get()` (which
+    serves the proc's inbox meanwhile, so a sync endpoint can wait)."""
+
+    def __init__(self, futures: list[asyncio.Future], combine: Callable[[list], Any], actor: str, method: str):
+        self._futures = futures
+        self._combine = combine
+        self._actor, self._method = actor, method
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures)
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            client, _ = _site("waiting for a call")
+            if not client.pump(self.done, timeout):
+                raise TimeoutError(f"{self._actor}.{self._method} did not answer within {timeout} s")
+        return self._value()
+
+    def _value(self) -> Any:
+        return self._combine([_decode(*f.result(), self._actor, self._method) for f in self._futures])
+
+    def __await__(self):
+        if not self.done():
+            yield from asyncio.gather(*self._futures).__await__()
+        return self._value()
+
+
+class RemoteStream:
+    """(point, value) of each member as it answers, in completion order."""
+
+    def __init__(self, ref: ActorMeshRef, method: str, futures: list[asyncio.Future]):
+        self._ref, self._method = ref, method
+        self._left = dict(enumerate(futures))
+
+    def _take(self, pos: int) -> tuple[Point, Any]:
+        meta, payload = self._left.pop(pos).result()
+        return point_of(self._ref._dims, pos), _decode(meta, payload, self._ref.name, self._method)
+
+    def _ready(self) -> int | None:
+        return next((pos for pos, f in self._left.items() if f.done()), None)
+
+    def __iter__(self) -> Iterator[tuple[Point, Any]]:
+        while self._left:
+            pos = self._ready()
+            if pos is None:
+                client, _ = _site("waiting for a stream")
+                client.pump(lambda: self._ready() is not None, None)
+                continue
+            yield self._take(pos)
+
+    def __aiter__(self) -> RemoteStream:
+        return self
+
+    async def __anext__(self) -> tuple[Point, Any]:
+        if not self._left:
+            raise StopAsyncIteration
+        pos = self._ready()
+        if pos is None:
+            await asyncio.wait(list(self._left.values()), return_when=asyncio.FIRST_COMPLETED)
+            pos = self._ready()
+        return self._take(pos)
+
+
+@dataclass(frozen=True, eq=False)
+class ActorMeshRef:
+    """A mesh of actors as an actor holds it. Endpoints are attributes, with the controller's
+    adverbs; `slice` and `size` as on an ActorMesh."""
+
+    session: str
+    name: str
+    class_name: str
+    endpoints: frozenset[str]
+    dim_items: tuple[tuple[str, int], ...]  # this view's dims
+    ranks: tuple[int, ...]  # each member's rank in the mesh it was spawned as, in view order
+    targets: tuple[Target, ...]
+    keys: tuple[str, ...]  # stable ids of the procs (a digest names these, not addresses)
+    epoch: int = 0
+
+    def __reduce__(self) -> tuple:
+        return ActorMeshRef, tuple(getattr(self, f.name) for f in fields(self))
+
+    def __regent_digest__(self) -> tuple:
+        return ("actor-mesh", self.session, self.name, self.dim_items, self.ranks, self.keys)
+
+    @property
+    def _dims(self) -> dict[str, int]:
+        return dict(self.dim_items)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self.dim_items)
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        return size_of(self._dims, dim)
+
+    def slice(self, **sel: int | slice) -> ActorMeshRef:
+        dims, picked = select(self._dims, list(range(len(self.ranks))), sel)
+        return ActorMeshRef(self.session, self.name, self.class_name, self.endpoints, tuple(dims.items()),
+                            tuple(self.ranks[i] for i in picked), tuple(self.targets[i] for i in picked),
+                            tuple(self.keys[i] for i in picked), self.epoch)
+
+    def stop(self) -> None:
+        """Stop these actors (blocks until they are gone)."""
+        client, site = _site(f"stopping {self.name}")
+        origin = site.child()
+        futures = [client.send(Kind.STOP, t, site.seq, self.name, r, origin, "__stop__", b"", [])
+                   for r, t in zip(self.ranks, self.targets, strict=True)]
+        RemoteFuture(futures, list, self.name, "__stop__").get()
+
+    def __getattr__(self, name: str) -> RemoteEndpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self.endpoints:
+            raise AttributeError(f"{self.class_name} has no endpoint {name!r} (endpoints: {sorted(self.endpoints)})")
+        return RemoteEndpoint(self, name)
+
+    def __repr__(self) -> str:
+        return f"ActorMeshRef({self.name!r}, {self.class_name}, {self._dims})"
+
+
+class RemoteEndpoint:
+    """One endpoint of a mesh reference, called from inside an actor."""
+
+    def __init__(self, ref: ActorMeshRef, method: str):
+        self._ref, self._method = ref, method
+
+    def _send(self, positions: Sequence[int], args: tuple, kwargs: dict) -> list[asyncio.Future]:
+        ref = self._ref
+        client, site = _site(f"a call of {ref.name}.{self._method}")
+        if ref.session != client.rt.session:
+            raise ValueError(f"{ref!r} belongs to session {ref.session!r}; this actor serves {client.rt.session!r}")
+        origin = site.child()
+        frames, digest = wire.dumps_call(args, kwargs)
+        return [client.send(Kind.CALL, ref.targets[p], site.seq, ref.name, ref.ranks[p], origin, self._method,
+                            digest, frames) for p in positions]
+
+    def call(self, *args: Any, **kwargs: Any) -> RemoteFuture:
+        """Call every member; the future holds a ValueMesh."""
+        dims = self._ref._dims
+        return RemoteFuture(self._send(range(len(self._ref)), args, kwargs), lambda vs: ValueMesh(dims, vs),
+                            self._ref.name, self._method)
+
+    def call_one(self, *args: Any, **kwargs: Any) -> RemoteFuture:
+        if len(self._ref) != 1:
+            raise ValueError(f"call_one needs a mesh of one actor, {self._ref.name} has {len(self._ref)} "
+                             f"{self._ref._dims}: slice it first")
+        return RemoteFuture(self._send([0], args, kwargs), lambda vs: vs[0], self._ref.name, self._method)
+
+    def choose(self, *args: Any, **kwargs: Any) -> RemoteFuture:
+        """Call one member. The pick follows from the call's id, so the same call run again
+        picks the same member (and finds the call there)."""
+        _, site = _site(f"a call of {self._ref.name}.{self._method}")
+        pos = zlib.crc32(f"{site.seq}/{site.origin}/{site.made}".encode()) % len(self._ref)
+        return RemoteFuture(self._send([pos], args, kwargs), lambda vs: vs[0], self._ref.name, self._method)
+
+    def stream(self, *args: Any, **kwargs: Any) -> RemoteStream:
+        return RemoteStream(self._ref, self._method, self._send(range(len(self._ref)), args, kwargs))
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every member without waiting; a failure is logged."""
+        ref, method = self._ref, self._method
+        for pos, f in enumerate(self._send(range(len(ref)), args, kwargs)):
+            f.add_done_callback(lambda f, pos=pos: _log_failed(f, ref, method, pos))
+
+
+def _log_failed(f: asyncio.Future, ref: ActorMeshRef, method: str, pos: int) -> None:
+    meta, _ = f.result()
+    if meta["st"] != "ok":
+        log.warning("broadcast failed on one actor", actor=ref.name, endpoint=method, point=ref.ranks[pos],
+                    status=meta["st"], error=meta.get("em"))
+
+
+@dataclass(frozen=True, eq=False)
+class ProcMeshRef:
+    """A mesh of procs as an actor holds it: `spawn` actors on it from inside an actor."""
+
+    session: str
+    dim_items: tuple[tuple[str, int], ...]
+    targets: tuple[Target, ...]
+    keys: tuple[str, ...]
+    epoch: int = 0
+
+    def __reduce__(self) -> tuple:
+        return ProcMeshRef, tuple(getattr(self, f.name) for f in fields(self))
+
+    def __regent_digest__(self) -> tuple:
+        return ("proc-mesh", self.session, self.dim_items, self.keys)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self.dim_items)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        return size_of(self.dims, dim)
+
+    def slice(self, **sel: int | slice) -> ProcMeshRef:
+        dims, picked = select(self.dims, list(range(len(self.targets))), sel)
+        return ProcMeshRef(self.session, tuple(dims.items()), tuple(self.targets[i] for i in picked),
+                           tuple(self.keys[i] for i in picked), self.epoch)
+
+    def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> ActorMeshRef:
+        """Create one actor per proc, owned by the calling actor; returns once every __init__
+        ran. Its name is the session's: no other mesh of that name may live on these procs."""
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise ValueError(f"actor mesh name {name!r} must be a non-empty string")
+        client, site = _site(f"spawning {name}")
+        origin = site.child()
+        frames = wire.dumps((class_ref(actor_class), args, kwargs))
+        identity = (actor_class.__module__, actor_class.__qualname__, args, kwargs)
+        digest = wire.call_digest(identity, wire.dumps(identity))
+        dims = self.dims
+        futures = [client.send(Kind.SPAWN, t, site.seq, name, i, origin, "__init__", digest, frames,
+                               {"co": dict(point_of(dims, i)), "sz": dims})
+                   for i, t in enumerate(self.targets)]
+        RemoteFuture(futures, list, name, "__init__").get()
+        return ActorMeshRef(self.session, name, actor_class.__name__, frozenset(endpoint_names(actor_class)),
+                            self.dim_items, tuple(range(len(self.targets))), self.targets, self.keys, self.epoch)
+
+    def __repr__(self) -> str:
+        return f"ProcMeshRef({self.dims})"
+
+
+def proc_ref(session: str, dims: Mapping[str, int], targets: Sequence[Target], keys: Sequence[str],
+             epoch: int = 0) -> ProcMeshRef:
+    return ProcMeshRef(session, tuple(dims.items()), tuple(targets), tuple(keys), epoch)
+
+
+def actor_ref(session: str, name: str, actor_class: type, dims: Mapping[str, int], ranks: Sequence[int],
+              targets: Sequence[Target], keys: Sequence[str], epoch: int = 0) -> ActorMeshRef:
+    return ActorMeshRef(session, name, actor_class.__name__, frozenset(endpoint_names(actor_class)),
+                        tuple(dims.items()), tuple(ranks), tuple(targets), tuple(keys), epoch)
+
+
+def this_proc() -> ProcMeshRef:
+    """The proc the running actor lives on, as a one-proc mesh (Monarch's `this_proc()`)."""
+    client, _ = _site("this_proc()")
+    rt = client.rt
+    return proc_ref(rt.session, {"procs": 1}, [Target(rt.inbox.address, rt.proc_id, rt.host_inbox)],
+                    [rt.proc_id], rt.fence.epoch)
