@@ -1,5 +1,5 @@
 """A controller program for the unhandled-fault failover test. An unsupervised mesh loses a
-member (its proc SIGKILLs itself), then a supervised mesh with no restarts left escalates; after
+member (its proc SIGKILLs itself), then a supervised mesh allowed one restart fails twice and escalates; after
 each, the program polls `s.now()` until its `on_unhandled_fault` hook has run, and counts the
 polls. REGENT_TEST_HOLD (the primary): "after", once both faults reached the hook, print what
 it saw and "holding" to stderr and wait to be killed; "before", the same right after the first
@@ -62,7 +62,9 @@ def main() -> None:
         with open(os.environ["REGENT_TEST_LEADER_FILE"], "a") as f:
             f.write(f"{os.getpid()}\n")
         u = s.spawn_procs(per_host={"procs": 2}).spawn("u", Victim)
-        e = s.spawn_procs(per_host={"procs": 1}).spawn("e", Victim, restart=RestartPolicy(max_restarts=0))
+        # One restart allowed: a standby that forgot the escalation would restart it once more.
+        e = s.spawn_procs(per_host={"procs": 1}).spawn("e", Victim, restart=RestartPolicy(max_restarts=1,
+                                                                                           window_s=120))
         try:
             u.slice(procs=1).die.call_one().get(timeout=30)
         except SupervisionError:
@@ -72,6 +74,16 @@ def main() -> None:
         polls = [poll_until(s, 1)]
         try:
             e.die.call_one().get(timeout=30)
+        except SupervisionError:
+            pass
+        for _ in range(200):  # restarted (each failed try is journaled: a replay retries as often)
+            try:
+                e.pid.call_one().get(timeout=30)
+                break
+            except SupervisionError:
+                time.sleep(0.05)
+        try:
+            e.die.call_one().get(timeout=30)  # its second failure in the window escalates
         except SupervisionError:
             pass
         polls.append(poll_until(s, 2))
