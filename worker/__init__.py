@@ -21,12 +21,13 @@ from regent.worker.errors import (
     RegentError,
     SupervisionError,
 )
+from regent.worker.ports import Accumulator, Channel, Port, PortReceiver
 from regent.worker.remote import ActorMeshRef, ProcMeshRef, RemoteFuture, this_proc
 from regent.worker.shape import Point, ValueMesh
 from regent.worker.supervision import RestartPolicy
 
 __all__ = [
-    "Actor", "ActorContext", "ActorError", "ActorMeshRef", "DivergenceError", "FencedError", "MessageTooLarge",
-    "Point", "ProcMeshRef", "ProtocolError", "RegentError", "RemoteFuture", "RestartPolicy", "SupervisionError",
+    "Accumulator", "Actor", "ActorContext", "ActorError", "ActorMeshRef", "Channel", "DivergenceError",
+    "FencedError", "MessageTooLarge", "Point", "Port", "PortReceiver", "ProcMeshRef", "ProtocolError", "RegentError", "RemoteFuture", "RestartPolicy", "SupervisionError",
     "ValueMesh", "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint", "this_proc",
 ]

@@ -18,12 +18,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ENDPOINT_ATTR = "__regent_endpoint__"
 _CONCURRENT_ATTR = "__regent_concurrent__"
+_PORT_ATTR = "__regent_response_port__"
 
 
-def endpoint(fn: F) -> F:
-    """Mark a method of an Actor as callable from the controller (sync or async)."""
-    setattr(fn, _ENDPOINT_ATTR, True)
-    return fn
+def endpoint(fn: F | None = None, *, explicit_response_port: bool = False) -> Any:
+    """Mark a method of an Actor as callable from the controller (sync or async).
+
+    `@endpoint(explicit_response_port=True)`: the method gets a `Port` as its first argument
+    and answers its caller by `port.send(value)` (or `port.exception(exc)`), when it likes:
+    from another call, or after returning; what it returns is ignored (Monarch's shape)."""
+    def mark(f: F) -> F:
+        setattr(f, _ENDPOINT_ATTR, True)
+        if explicit_response_port:
+            setattr(f, _PORT_ATTR, True)
+        return f
+
+    return mark if fn is None else mark(fn)
 
 
 def concurrent_endpoint(fn: F) -> F:
@@ -56,6 +66,10 @@ def is_async_endpoint(fn: Callable[..., Any]) -> bool:
 
 def is_concurrent_endpoint(fn: Callable[..., Any]) -> bool:
     return bool(getattr(fn, _CONCURRENT_ATTR, False))
+
+
+def takes_response_port(fn: Callable[..., Any]) -> bool:
+    return bool(getattr(fn, _PORT_ATTR, False))
 
 
 @dataclass(frozen=True)

@@ -115,13 +115,13 @@ class DedupeCache:
         """Store a finished call's result; returns the waiters to answer."""
         if origin:
             entry = self._derived.get((seq, actor, origin))
-            if entry is None:
+            if entry is None or entry.done:
                 return []
             entry.result, entry.size, entry.done, entry.done_at = result, size, True, time.monotonic()
             waiters, entry.waiters = entry.waiters, []
             return waiters
         entry = self._entries.get((seq, actor))
-        if entry is None:
+        if entry is None or entry.done:  # answered already: the first answer stands
             return []
         entry.result, entry.size, entry.done = result, size, True
         waiters, entry.waiters = entry.waiters, []

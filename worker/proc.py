@@ -59,6 +59,7 @@ from regent.worker.actor import (
     endpoint_names,
     is_async_endpoint,
     is_concurrent_endpoint,
+    takes_response_port,
 )
 from regent.worker.classref import load_class
 from regent.worker.client import ActorClient
@@ -67,6 +68,7 @@ from regent.worker.errors import ActorExit, DivergenceError
 from regent.worker.fencing import EpochFence
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
+from regent.worker.ports import PORT_ACTOR, ProcPorts
 from regent.worker.remote import install_client
 from regent.worker.shape import Point
 
@@ -97,11 +99,12 @@ class _Slot:
     mailbox: collections.deque = field(default_factory=collections.deque)
     busy: bool = False
     executions: int = 0
-    bound: dict[str, tuple[Any, _Run]] = field(default_factory=dict)  # method -> (fn, how it runs)
+    bound: dict[str, tuple[Any, _Run, bool]] = field(default_factory=dict)  # method -> (fn, how it runs, port)
     tasks: set[asyncio.Task] = field(default_factory=set)
     ended: str | None = None  # why the actor is gone, once it is ("actor a stopped (normal)")
 
-    def endpoint(self, method: str) -> tuple[Any, _Run]:
+    def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
+        """The bound method, how it runs, and whether it answers through an explicit port."""
         found = self.bound.get(method)
         if found is None:
             fn = getattr(self.instance, method)
@@ -109,7 +112,7 @@ class _Slot:
                 run = _Run.INLINE
             else:
                 run = _Run.CONCURRENT if is_concurrent_endpoint(fn) else _Run.TASK
-            found = self.bound[method] = (fn, run)
+            found = self.bound[method] = (fn, run, takes_response_port(fn))
         return found
 
 
@@ -141,6 +144,7 @@ class ProcRuntime(_HostWatch):
         self.fence = EpochFence(epoch)  # what its session had seen when this proc started
         self.dedupe = DedupeCache()
         self.client = ActorClient(self)  # the calls this proc's actors make
+        self.ports = ProcPorts(self)  # channels its actors opened, calls answered through a port
         self.actors: dict[str, _Slot] = {}
         self.pending: dict[str, collections.deque] = {}
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
@@ -385,6 +389,9 @@ class ProcRuntime(_HostWatch):
         if admitted is None:
             return
         actor, seq, point, method, o = admitted
+        if actor == PORT_ACTOR:
+            self._on_port_send(seq, point, o, payload)
+            return
         slot = self.actors.get(actor)
         if slot is None:
             self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {actor!r} on proc {self.proc_id}")
@@ -397,6 +404,33 @@ class ProcRuntime(_HostWatch):
         if not slot.busy:
             self._drain(slot)
 
+    def _on_port_send(self, seq: int, point: int, o: str, payload: list) -> None:
+        """A value for one of our ports, sent from another proc (worker/ports.py); deduped like a call."""
+        try:
+            (pid, item), _ = wire.loads(payload)
+            refused = self.ports.deliver(pid, item)
+        except Exception as e:
+            self._finish_error(seq, PORT_ACTOR, point, e, o=o)
+            return
+        if refused:
+            self._finish(seq, PORT_ACTOR, point, "err", o=o, et="ValueError", em=refused, tb="")
+        else:
+            self._finish(seq, PORT_ACTOR, point, "ok", o=o)
+
+    def _response_port(self, slot: _Slot, seq: int, point: int, o: str) -> Any:
+        """The port an explicit-response endpoint answers its call through."""
+        def answer(item: tuple) -> None:
+            kind, body = item
+            if kind == "v":
+                self._finish_value(seq, slot.name, point, body, o=o)
+            elif kind == "e":
+                et, em, tb = body
+                self._finish(seq, slot.name, point, "err", o=o, et=et, em=em, tb=tb)
+            else:  # the actor is gone
+                self._finish(seq, slot.name, point, "dead", o=o, em=f"{body} before answering this call")
+
+        return self.ports.response(seq, slot.name, point, o, answer)
+
     def _drain(self, slot: _Slot) -> None:
         """Run queued messages one at a time: a sync endpoint inline, an async one as a task that
         parks the mailbox until done. A concurrent endpoint's task parks it only until the task
@@ -404,10 +438,11 @@ class ProcRuntime(_HostWatch):
         slot.busy = True
         while slot.mailbox:
             seq, point, method, payload, o = slot.mailbox.popleft()
-            fn, run = slot.endpoint(method)
+            fn, run, explicit = slot.endpoint(method)
+            port = self._response_port(slot, seq, point, o) if explicit else None
             if run is not _Run.INLINE:
                 self._async_running += 1
-                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o))
+                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o, port))
                 slot.tasks.add(task)
                 task.add_done_callback(slot.tasks.discard)
                 if run is _Run.CONCURRENT:
@@ -418,19 +453,20 @@ class ProcRuntime(_HostWatch):
             try:
                 args, kwargs = wire.loads(payload)
                 slot.executions += 1
-                value = fn(*args, **kwargs)
+                value = fn(*args, **kwargs) if port is None else fn(port, *args, **kwargs)
             except ActorExit as e:
                 self._exit(slot, seq, point, e, o=o)
                 return
             except Exception as e:  # an error the endpoint raised: it goes back to the caller
-                self._finish_error(seq, slot.name, point, e, o=o)
+                self._answer_error(seq, slot.name, point, e, o, port)
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
                 self._fail(slot, seq, point, method, e, o=o)
                 return
             else:
-                self._finish_value(seq, slot.name, point, value, o=o)
+                if port is None:
+                    self._finish_value(seq, slot.name, point, value, o=o)
             finally:
                 _calling.reset(site)
                 _current.reset(token)
@@ -441,18 +477,18 @@ class ProcRuntime(_HostWatch):
             self._drain(slot)
 
     async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list,
-                         run: _Run, o: str = "") -> None:
+                         run: _Run, o: str = "", port: Any = None) -> None:
         token = _current.set(slot.ctx)
         _calling.set(CallSite(seq, o, slot.name, point))  # this task's own context
         try:
             args, kwargs = wire.loads(payload)
             slot.executions += 1
-            value = await fn(*args, **kwargs)
+            value = await (fn(*args, **kwargs) if port is None else fn(port, *args, **kwargs))
         except ActorExit as e:
             self._exit(slot, seq, point, e, o=o)
             return
         except Exception as e:
-            self._finish_error(seq, slot.name, point, e, o=o)
+            self._answer_error(seq, slot.name, point, e, o, port)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:  # noqa: BLE001 - the actor fails; its mailbox must not stay parked
@@ -465,12 +501,20 @@ class ProcRuntime(_HostWatch):
             self._fail(slot, seq, point, method, e, o=o)
             return
         else:
-            self._finish_value(seq, slot.name, point, value, o=o)
+            if port is None:
+                self._finish_value(seq, slot.name, point, value, o=o)
         finally:
             _current.reset(token)
             self._async_running -= 1
         if run is _Run.TASK and slot.ended is None:
             self._drain(slot)
+
+    def _answer_error(self, seq: int, actor: str, point: int, e: Exception, o: str, port: Any) -> None:
+        """An endpoint raised: its caller gets the error, unless it was answered through its port already."""
+        if port is None or self.ports.close(port.id):
+            self._finish_error(seq, actor, point, e, o=o)
+        else:
+            log.warning("an endpoint raised after answering through its port", actor=actor, error=repr(e))
 
     def _fail(self, slot: _Slot, seq: int, point: int, method: str, e: BaseException, o: str = "") -> None:
         """An endpoint raised a BaseException that is not an Exception (nor SystemExit or
@@ -496,6 +540,8 @@ class ProcRuntime(_HostWatch):
         while slot.mailbox:
             seq, point, _, _, o = slot.mailbox.popleft()
             self._finish(seq, slot.name, point, "dead", o=o, em=f"{why} before running this call")
+        for _, answer in self.ports.of_actor(slot.name):  # calls it would have answered through a port
+            answer(("gone", why))
         return self._close(slot, why, exc)
 
     def _finish_value(self, seq: int, actor: str, point: int, value: Any, o: str = "") -> None:
