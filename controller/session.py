@@ -39,6 +39,7 @@ from regent.controller.futures import Future
 from regent.controller.lifecycle import Lifecycle
 from regent.controller.loop import run as run_on_loop
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink
+from regent.controller.ports import ControllerPorts, PortReceiver
 from regent.controller.recorder import Recorder, append
 from regent.controller.refs import ProcRef, Wire
 from regent.controller.replay import END, JournaledCall, NonDeterminismError
@@ -46,6 +47,7 @@ from regent.journal import LeadershipLost
 from regent.wire import Kind
 from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.logsetup import configure_logging
+from regent.worker.ports import Port
 
 log = structlog.get_logger("regent.session")
 T = TypeVar("T")
@@ -118,6 +120,7 @@ class Session:
         self.runtime.quiet = lambda: self._engine.replaying
         self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)
+        self._ports: ControllerPorts | None = None
         self._checkpoints = Checkpoints(self)
         self._get_hook, self._flush_hook, self._decode_hook = self._get, self.runtime.flush, self._engine.decode
 
@@ -445,6 +448,14 @@ class Session:
     def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
         """Procs on this host: shorthand for `s.this_host().spawn_procs(per_host)`."""
         return self.this_host().spawn_procs(per_host)
+
+    def open_port(self) -> tuple[Port, PortReceiver]:
+        """A port actors can send values to, and its receiver in this program (Monarch's
+        `Channel.open()`): pass the port in a call, `rx.recv().get()` each value. Values are
+        journaled as they are received, so a standby receives the same ones in the same order."""
+        if self._ports is None:
+            self._ports = ControllerPorts(self)
+        return self._ports.open()
 
 
 __all__ = ["Handoff", "NonDeterminismError", "RunFinished", "Session"]

@@ -122,10 +122,7 @@ class Received:
         self._fut, self._port = fut, port
 
     def _value(self) -> Any:
-        kind, value = self._fut.result()
-        if kind == "e":
-            raise ActorError(f"port {self._port}", "send", *value)
-        return value
+        return unwrap(self._fut.result(), self._port)
 
     def get(self, timeout: float | None = None) -> Any:
         if not self._fut.done():
@@ -141,11 +138,12 @@ class Received:
 
 
 class Channel:
-    """Monarch's `Channel.open()`: a new (Port, PortReceiver) pair, owned by the running actor's proc."""
+    """Monarch's `Channel.open()`: a new (Port, PortReceiver) pair, owned by the running actor's
+    proc. In the controller program, `s.open_port()` makes one whose values are journaled."""
 
     @staticmethod
     def open() -> tuple[Port, PortReceiver]:
-        client, site = _site("Channel.open()")
+        client, site = _site("Channel.open() (in the controller program: s.open_port())")
         rt = client.rt
         pid = f"c{site.seq}:{site.child()}"  # the same on a re-run of the opening call
         return rt.ports.open(pid), rt.ports.receivers[pid]
@@ -200,6 +198,20 @@ class ProcPorts:
         return None
 
 
+def receiver(pid: str) -> PortReceiver:
+    """The receiver of port `pid` on the running actor's proc, opened if it is not yet."""
+    client, _ = _site("a port's receiver")
+    ports = client.rt.ports
+    ports.open(pid)
+    return ports.receivers[pid]
+
+
+def port_here(pid: str) -> Port:
+    """Port `pid` of the running actor's proc."""
+    client, _ = _site("a port")
+    return client.rt.ports.open(pid)
+
+
 class Accumulator:
     """Monarch's `Accumulator(endpoint, identity, reducer)`: `accumulate(*args)` calls every member
     and folds their values, in mesh order, into `identity` with `reducer(acc, value)`. Works on a
@@ -213,21 +225,39 @@ class Accumulator:
         return Reduced(self._endpoint.call(*args, **kwargs), self._identity, self._reducer)
 
 
-class Reduced:
-    """The folded value of an accumulate: `.get(timeout)` or `await`."""
+class Mapped:
+    """Another future's value passed through `fn`: `.get(timeout)` or `await`."""
 
-    def __init__(self, inner: Any, identity: Any, reducer: Callable[[Any, Any], Any]):
-        self._inner, self._identity, self._reducer = inner, identity, reducer
+    def __init__(self, inner: Any, fn: Callable[[Any], Any]):
+        self._inner, self._fn = inner, fn
 
-    def _fold(self, mesh: Any) -> Any:
-        acc = self._identity
-        for v in mesh.values():
-            acc = self._reducer(acc, v)
-        return acc
+    def done(self) -> bool:
+        return self._inner.done()
 
     def get(self, timeout: float | None = None) -> Any:
-        return self._fold(self._inner.get(timeout=timeout))
+        return self._fn(self._inner.get(timeout=timeout))
 
     def __await__(self):
-        mesh = yield from self._inner.__await__()
-        return self._fold(mesh)
+        value = yield from self._inner.__await__()
+        return self._fn(value)
+
+
+class Reduced(Mapped):
+    """The folded value of an accumulate."""
+
+    def __init__(self, inner: Any, identity: Any, reducer: Callable[[Any, Any], Any]):
+        def fold(mesh: Any) -> Any:
+            acc = identity
+            for v in mesh.values():
+                acc = reducer(acc, v)
+            return acc
+
+        super().__init__(inner, fold)
+
+
+def unwrap(item: tuple, port: str) -> Any:
+    """A port's (kind, value) as its receiver sees it: the value, or ActorError."""
+    kind, value = item
+    if kind == "e":
+        raise ActorError(f"port {port}", "send", *value)
+    return value

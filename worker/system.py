@@ -7,7 +7,7 @@ only names these classes, never loads the GPU runtime.
 
 from __future__ import annotations
 
-from regent.worker.actor import Actor, context, endpoint
+from regent.worker.actor import Actor, concurrent_endpoint, context, endpoint
 
 
 class ProcGroup(Actor):
@@ -60,3 +60,23 @@ class ProcGroup(Actor):
 
 
 __all__ = ["ProcGroup"]
+
+
+class PortServer(Actor):
+    """Holds the receivers of the controller program's ports (`Session.open_port`), one proc of
+    the session's own. Each `recv` is a journaled call of the controller's, so the value it
+    returns is journaled like any result, and a standby gets the same values in the same order."""
+
+    @endpoint
+    def port(self, pid: str) -> object:
+        from regent.worker.ports import port_here
+
+        return port_here(pid)
+
+    @concurrent_endpoint
+    async def recv(self, pid: str) -> tuple:
+        """The next value that arrives at port `pid`, as (kind, value)."""
+        from regent.worker.ports import receiver
+
+        return await receiver(pid).recv()._fut
+

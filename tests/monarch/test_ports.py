@@ -183,3 +183,23 @@ def test_a_channel_port_travels_to_producers_and_the_receiver_gets_every_value(p
 def test_accumulate_folds_a_mesh_call_in_the_controller(helpers):
     assert Accumulator(helpers.value, 0, operator.add).accumulate().get(timeout=30) == 3
     assert Accumulator(helpers.value, [], lambda acc, v: [*acc, v]).accumulate().get(timeout=30) == [1, 2]
+
+
+def test_the_controller_opens_a_port_actors_send_to(session, helpers):
+    port, rx = session.open_port()
+    assert isinstance(port, Port)
+    helpers.produce.broadcast(port, 2)
+    got = sorted(rx.recv().get(timeout=30) for _ in range(4))
+    assert got == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    helpers.slice(procs=1).fail_into.call_one(port).get(timeout=30)
+    with pytest.raises(ActorError, match="producer broke"):
+        rx.recv().get(timeout=30)
+
+
+def test_an_async_program_awaits_its_port(session, helpers):
+    async def main() -> list:
+        port, rx = session.open_port()
+        helpers.slice(procs=0).produce.broadcast(port, 3)
+        return [await rx.recv() for _ in range(3)]
+
+    assert session.run(main()) == [(0, 0), (0, 1), (0, 2)]

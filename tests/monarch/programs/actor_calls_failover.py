@@ -1,6 +1,7 @@
 """A controller program for the actor-call failover test: actors that call other actors
 through meshes they were given (at spawn, as arguments), spawn their own child meshes, and
-call with every adverb, while the test SIGKILLs successive primaries.
+call with every adverb, and send values into a port the controller opened, while the test
+SIGKILLs successive primaries.
 
 `Store` counts every call it runs by token; each token names one call an actor made, so a
 count above 1 is a call run twice. Configured by environment as tests/failover/programs/mixed.py
@@ -16,7 +17,7 @@ import sys
 import time
 
 from regent.controller import Session
-from regent.worker import Actor, ActorMeshRef, current_rank, endpoint, this_proc
+from regent.worker import Actor, ActorMeshRef, Port, current_rank, endpoint, this_proc
 
 
 class Store(Actor):
@@ -65,6 +66,12 @@ class Relay(Actor):
         return sorted(v for _, v in other.put.stream(self._token(tag, i), 1))
 
     @endpoint
+    def produce_into(self, port: Port, i: int) -> None:
+        """Two values into the controller's port."""
+        port.send((i, self.me, 0))
+        port.send((i, self.me, 1))
+
+    @endpoint
     def children(self) -> dict[str, int]:
         return self.child.report.call_one().get(timeout=60)
 
@@ -78,17 +85,21 @@ def main() -> None:
         procs = s.spawn_procs(per_host={"procs": 3})
         store = procs.spawn("store", Store)
         relay = procs.spawn("relay", Relay, store)
+        port, rx = s.open_port()
         out: list = []
         for i in range(steps):
-            k = i % 4
+            k = i % 5
             if k == 0:
                 out.append(relay.forward.call("f", i).get().values())
             elif k == 1:
                 out.append(relay.slice(procs=i % 3).forward_async.call_one("a", i).get())
             elif k == 2:
                 out.append(relay.slice(procs=(i + 1) % 3).through.call_one(store, "t", i).get())
-            else:
+            elif k == 3:
                 relay.forward.broadcast("b", i)
+            else:  # every relay sends two values to the controller's port
+                relay.produce_into.broadcast(port, i)
+                out.append(sorted(rx.recv().get() for _ in range(6)))
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
         # Each relay answers after its broadcast forwards finished (per-sender FIFO), so the

@@ -1,0 +1,46 @@
+"""The controller program's ports: `s.open_port()` (Monarch's `Channel.open()` in the client).
+
+The receivers live in a proc of the session's own, in a `PortServer` system actor spawned on
+this host on first use; each `recv` is a journaled call to it, so what the program receives,
+and in which order, is journaled as every result is and replays the same on a standby
+(docs/design.md, "Ports")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from regent.worker.ports import Mapped, Port, unwrap
+from regent.worker.system import PortServer
+
+if TYPE_CHECKING:
+    from regent.controller.mesh import ActorMesh
+    from regent.controller.session import Session
+
+PORTS_ACTOR = "__regent_ports__"
+
+
+class PortReceiver:
+    """The receiving end of a controller port: `rx.recv().get()`, or `await rx.recv()` under `s.run`."""
+
+    def __init__(self, server: ActorMesh, pid: str):
+        self._server, self.id = server, pid
+
+    def recv(self) -> Mapped:
+        """The next value sent to the port (an ActorError if a sender sent an exception)."""
+        return Mapped(self._server.recv.call_one(self.id), lambda item: unwrap(item, self.id))
+
+
+class ControllerPorts:
+    def __init__(self, session: Session):
+        self._s = session
+        self._server: ActorMesh | None = None
+        self._opened = 0
+
+    def open(self) -> tuple[Port, PortReceiver]:
+        if self._server is None:  # made at the same point of the program on every replay
+            procs = self._s.this_host().spawn_procs(per_host={"procs": 1})
+            self._server = procs.spawn(PORTS_ACTOR, PortServer)
+        pid = f"s{self._opened}"
+        self._opened += 1
+        port: Any = self._server.port.call_one(pid).get()
+        return port, PortReceiver(self._server, pid)
