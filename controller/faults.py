@@ -49,12 +49,13 @@ import collections
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from regent.controller.replay import SUPERVISION
 from regent.worker.shape import Point
+from regent.worker.supervision import FaultKind, MeshFailure
 
 if TYPE_CHECKING:
     from regent.controller.replay import ReplayIndex
@@ -63,33 +64,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("regent.supervisor")
 
-FaultKind = Literal["escalation", "unsupervised"]
 UNHANDLED = "unhandled_fault"  # the `ev` of the sup record journaled before the hook runs
-
-
-@dataclass(frozen=True)
-class MeshFailure:
-    """An actor mesh's failure that nothing handles, as the unhandled-fault hook gets it.
-
-    mesh: the actor mesh's name; rank and point: the member that failed (for an escalation,
-    the one whose failure exceeded the intensity); reason: why it failed (for an escalation,
-    the supervisor's report: what failed, when and how often); kind: "escalation" (a supervised
-    mesh gave up restarting) or "unsupervised" (a mesh with no restart policy lost a member).
-    """
-
-    mesh: str
-    rank: int
-    point: Point
-    reason: str
-    kind: FaultKind
-
-    @property
-    def escalation(self) -> bool:
-        return self.kind == "escalation"
-
-    def __str__(self) -> str:
-        what = "escalated" if self.escalation else "failed (unsupervised)"
-        return f"actor mesh {self.mesh!r} {what} at {self.point!r}: {self.reason}"
 
 
 @dataclass

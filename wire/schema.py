@@ -73,6 +73,16 @@ class Call(TypedDict):
     o: NotRequired[Origin]  # made by an actor, not by the controller
 
 
+class Owner(TypedDict):
+    """The actor that spawned a mesh from inside an actor: told of its members' failures."""
+
+    a: Name
+    pt: Point
+    addr: Address
+    p: Name  # its proc's id
+    h: Address  # its proc's host agent
+
+
 class Spawn(Call):
     """SPAWN: create actor `a` (restart=True: a supervisor rebuilds it as incarnation `inc`)."""
 
@@ -81,6 +91,7 @@ class Spawn(Call):
     inc: NotRequired[Count]
     restart: NotRequired[bool]
     n: NotRequired[RequestId]
+    ow: NotRequired[Owner]
 
 
 class Fence(TypedDict):

@@ -62,7 +62,7 @@ from regent.worker.actor import (
     takes_response_port,
 )
 from regent.worker.classref import load_class
-from regent.worker.client import ActorClient
+from regent.worker.client import ActorClient, Target
 from regent.worker.dedupe import CallIdentity, DedupeCache
 from regent.worker.errors import ActorExit, DivergenceError
 from regent.worker.fencing import EpochFence
@@ -71,9 +71,11 @@ from regent.worker.output import OutputForwarder, forwarding_enabled
 from regent.worker.ports import PORT_ACTOR, ProcPorts
 from regent.worker.remote import install_client
 from regent.worker.shape import Point
+from regent.worker.supervision import MeshFailure
 
 log = structlog.get_logger("regent.proc")
 _NO_FRAMES: tuple = ()
+SUPERVISE_ACTOR = "__supervise__"  # a child's failure, sent to its owner's proc (m: the owner)
 
 READ_SLICE_S = 0.005  # the longest the reader spins for more calls before the loop runs again
 CLOSE_S = 2.0  # what a stopping proc gives its actors' cancelled calls and __cleanup__ (the agent's grace is 3 s)
@@ -102,6 +104,8 @@ class _Slot:
     bound: dict[str, tuple[Any, _Run, bool]] = field(default_factory=dict)  # method -> (fn, how it runs, port)
     tasks: set[asyncio.Task] = field(default_factory=set)
     ended: str | None = None  # why the actor is gone, once it is ("actor a stopped (normal)")
+    owner: dict | None = None  # the actor that spawned it from inside an actor (wire.schema.Owner)
+    failed: str | None = None  # a child's failure it did not handle: it fails at its next message
 
     def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
         """The bound method, how it runs, and whether it answers through an explicit port."""
@@ -392,6 +396,15 @@ class ProcRuntime(_HostWatch):
         if actor == PORT_ACTOR:
             self._on_port_send(seq, point, o, payload)
             return
+        if actor == SUPERVISE_ACTOR:  # a child of actor `method` failed
+            owner = self.actors.get(method)
+            if owner is None:
+                self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {method!r} on proc {self.proc_id}")
+                return
+            owner.mailbox.append((seq, point, SUPERVISE_ACTOR, payload, o))
+            if not owner.busy:
+                self._drain(owner)
+            return
         slot = self.actors.get(actor)
         if slot is None:
             self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {actor!r} on proc {self.proc_id}")
@@ -403,6 +416,68 @@ class ProcRuntime(_HostWatch):
         slot.mailbox.append((seq, point, method, payload, o))
         if not slot.busy:
             self._drain(slot)
+
+    def _supervise(self, slot: _Slot, seq: int, point: int, payload: list, o: str) -> bool:
+        """Offer a child's failure to the owner's `__supervise__(failure)`: True (handled) or the owner
+        fails at its next message, as Monarch's owners do. True here if an async hook now runs."""
+        (fields,), _ = wire.loads(payload)
+        failure = MeshFailure(fields["mesh"], fields["rank"], Point(fields["rank"], fields["co"], fields["sz"]),
+                              fields["reason"], "unsupervised")
+        hook = getattr(slot.instance, "__supervise__", None)
+
+        def settle(handled: Any, error: BaseException | None = None) -> None:
+            if handled is not True:
+                why = f"raised {error!r}" if error else "did not handle it" if hook else "has no __supervise__"
+                slot.failed = f"its child {failure.mesh}{failure.point!r} failed ({failure.reason}) and it {why}"
+            self._finish(seq, SUPERVISE_ACTOR, point, "ok", frames=wire.dumps(handled is True), o=o)
+
+        if hook is None:
+            settle(False)
+            return False
+        token, site = _current.set(slot.ctx), _calling.set(CallSite(seq, o, slot.name, slot.ctx.rank))
+        try:
+            handled = hook(failure)
+        except Exception as e:
+            settle(False, e)
+            return False
+        finally:
+            _calling.reset(site)
+            _current.reset(token)
+        if not inspect.isawaitable(handled):
+            settle(handled)
+            return False
+
+        async def wait() -> None:
+            token = _current.set(slot.ctx)
+            try:
+                settle(await handled)
+            except Exception as e:
+                settle(False, e)
+            finally:
+                _current.reset(token)
+                self._async_running -= 1
+            if slot.ended is None:
+                self._drain(slot)
+
+        self._async_running += 1
+        task = self.loop.create_task(wait())
+        slot.tasks.add(task)
+        task.add_done_callback(slot.tasks.discard)
+        return True
+
+    def _tell_owner(self, slot: _Slot, reason: str) -> None:
+        """An owned actor failed: its owner's proc hears of it (worker/remote.py ProcMeshRef.spawn)."""
+        ow = slot.owner
+        if not ow:
+            return
+        ctx = slot.ctx
+        fields = {"mesh": slot.name, "rank": ctx.rank, "co": dict(ctx.point), "sz": dict(ctx.sizes), "reason": reason}
+        frames, digest = wire.dumps_call((fields,), {})
+        origin = f"{slot.name}[{ctx.rank}]@{ctx.incarnation}"  # one failure per incarnation
+        fut = self.client.send(Kind.CALL, Target(ow["addr"], ow["p"], ow["h"]), -1, SUPERVISE_ACTOR, ow["pt"],
+                               origin, ow["a"], digest, frames)
+        fut.add_done_callback(lambda f: log.debug("told an owner of its child's failure", owner=ow["a"],
+                                                 child=slot.name, status=f.result()[0]["st"]))
 
     def _on_port_send(self, seq: int, point: int, o: str, payload: list) -> None:
         """A value for one of our ports, sent from another proc (worker/ports.py); deduped like a call."""
@@ -438,6 +513,13 @@ class ProcRuntime(_HostWatch):
         slot.busy = True
         while slot.mailbox:
             seq, point, method, payload, o = slot.mailbox.popleft()
+            if slot.failed is not None:  # a child's failure it did not handle: this message finds it failed
+                self._exit(slot, seq, point, ActorExit(slot.failed, normal=False), o=o)
+                return
+            if method == SUPERVISE_ACTOR:
+                if self._supervise(slot, seq, point, payload, o):
+                    return  # an async __supervise__ holds the mailbox until it returns
+                continue
             fn, run, explicit = slot.endpoint(method)
             port = self._response_port(slot, seq, point, o) if explicit else None
             if run is not _Run.INLINE:
@@ -529,6 +611,8 @@ class ProcRuntime(_HostWatch):
         kind = "normal" if e.normal else "abnormal"
         self._finish(seq, slot.name, point, "exit", o=o, em=f"actor {slot.name} stopped ({kind}): {e.reason}",
                      normal=e.normal)
+        if not e.normal:
+            self._tell_owner(slot, e.reason)
         self._retire(slot, f"actor {slot.name} stopped ({kind})", None if e.normal else cause or e)
 
     def _retire(self, slot: _Slot, why: str, exc: BaseException | None = None) -> asyncio.Task | None:
@@ -600,6 +684,7 @@ class ProcRuntime(_HostWatch):
             return
         if actor in self.actors:
             self._retire(self.actors[actor], f"actor {actor} was spawned again")
+        slot.owner = meta.get("ow")
         self.actors[actor] = slot
         self._finish(seq, actor, point, "ok", o=o, pid=os.getpid())
 

@@ -274,7 +274,8 @@ class ProcMeshRef:
 
     def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> ActorMeshRef:
         """Create one actor per proc, owned by the calling actor; returns once every __init__
-        ran. Its name is the session's: no other mesh of that name may live on these procs."""
+        ran. Its name is the session's: no other mesh of that name may live on these procs.
+        A member that fails is reported to the owner's `__supervise__(failure)` (docs/monarch.md)."""
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"actor mesh name {name!r} must be a non-empty string")
         client, site = _site(f"spawning {name}")
@@ -283,8 +284,10 @@ class ProcMeshRef:
         identity = (actor_class.__module__, actor_class.__qualname__, args, kwargs)
         digest = wire.call_digest(identity, wire.dumps(identity))
         dims = self.dims
+        rt = client.rt
+        owner = {"a": site.actor, "pt": site.point, "addr": rt.inbox.address, "p": rt.proc_id, "h": rt.host_inbox}
         futures = [client.send(Kind.SPAWN, t, site.seq, name, i, origin, "__init__", digest, frames,
-                               {"co": dict(point_of(dims, i)), "sz": dims})
+                               {"co": dict(point_of(dims, i)), "sz": dims, "ow": owner})
                    for i, t in enumerate(self.targets)]
         RemoteFuture(futures, list, name, "__init__").get()
         return ActorMeshRef(self.session, name, actor_class.__name__, frozenset(endpoint_names(actor_class)),

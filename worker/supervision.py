@@ -20,6 +20,8 @@ from typing import Literal
 
 import tenacity
 
+from regent.worker.shape import Point
+
 RestartType = Literal["permanent", "transient", "temporary"]
 Strategy = Literal["one_for_one", "one_for_all"]
 
@@ -130,3 +132,31 @@ class MeshSupervisor:
         for f in recent[-10:]:
             lines.append(f"  t={f.t:.3f} {self.mesh}[{f.rank}]: {f.reason}")
         return "\n".join(lines)
+
+
+FaultKind = Literal["escalation", "unsupervised"]
+
+
+@dataclass(frozen=True)
+class MeshFailure:
+    """An actor mesh's failure that nothing handles, as the unhandled-fault hook gets it.
+
+    mesh: the actor mesh's name; rank and point: the member that failed (for an escalation,
+    the one whose failure exceeded the intensity); reason: why it failed (for an escalation,
+    the supervisor's report: what failed, when and how often); kind: "escalation" (a supervised
+    mesh gave up restarting) or "unsupervised" (a mesh with no restart policy lost a member).
+    """
+
+    mesh: str
+    rank: int
+    point: Point
+    reason: str
+    kind: FaultKind
+
+    @property
+    def escalation(self) -> bool:
+        return self.kind == "escalation"
+
+    def __str__(self) -> str:
+        what = "escalated" if self.escalation else "failed (unsupervised)"
+        return f"actor mesh {self.mesh!r} {what} at {self.point!r}: {self.reason}"

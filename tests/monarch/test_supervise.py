@@ -1,0 +1,129 @@
+"""Owners supervising the meshes they spawned, as Monarch's `__supervise__` does: a child's
+failure is offered to its owner; handled (True) the owner serves on, unhandled it fails at
+its next message, and that failure goes up the chain: to the owner's own owner, or to the
+controller (its restart policy, or the unhandled-fault hook)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from regent.controller import MeshFailure, Session
+from regent.worker import Actor, ProcMeshRef, SupervisionError, endpoint, this_proc
+from regent.worker.errors import ActorExit
+
+
+class Fatal(BaseException):
+    pass
+
+
+class Child(Actor):
+    @endpoint
+    def quit(self) -> None:
+        raise ActorExit("child gave up")
+
+    @endpoint
+    async def fatal(self) -> None:
+        raise Fatal("child broke")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class Owner(Actor):
+    def __init__(self, handle: bool | None) -> None:
+        self.handle = handle  # None: no answer (not handled)
+        self.seen: list[str] = []
+        self.child = None
+
+    def __supervise__(self, failure: MeshFailure) -> bool | None:
+        self.seen.append(f"{failure.mesh}{failure.point!r}: {failure.reason}")
+        return self.handle
+
+    @endpoint
+    def spawn_here(self, name: str) -> None:
+        self.child = this_proc().spawn(name, Child)
+
+    @endpoint
+    def spawn_on(self, procs: ProcMeshRef, name: str) -> None:
+        self.child = procs.spawn(name, Child)
+
+    @endpoint
+    def break_child(self, how: str) -> str:
+        try:
+            getattr(self.child.slice(**dict.fromkeys(self.child.dims, 0)), how).call_one().get(timeout=30)
+        except SupervisionError as e:
+            return e.reason
+        return "no failure"
+
+    @endpoint
+    def failures(self) -> list[str]:
+        return self.seen
+
+    @endpoint
+    def ping(self) -> str:
+        return "owner pong"
+
+
+class Bare(Owner):
+    """An owner without __supervise__."""
+
+    __supervise__ = None  # type: ignore[assignment]
+
+
+@pytest.fixture(scope="module")
+def faults():
+    return []
+
+
+@pytest.fixture(scope="module")
+def session(faults):
+    with Session("monarch-supervise", on_unhandled_fault=faults.append) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def procs(session):
+    return session.spawn_procs(per_host={"procs": 2})
+
+
+def _failures(owner, timeout: float = 10.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while not (seen := owner.failures.call_one().get(timeout=30)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return seen
+
+
+def test_a_childs_failure_handled_by_its_owner_leaves_the_owner_serving(procs):
+    owner = procs.slice(procs=0).spawn("owner-handles", Owner, True)
+    owner.spawn_here.call_one("kid-a").get(timeout=30)
+    assert owner.break_child.call_one("quit").get(timeout=30) == "exit"
+    assert _failures(owner) == ["kid-a{'procs': 0/1}: child gave up"]
+    assert owner.ping.call_one().get(timeout=30) == "owner pong"
+
+
+def test_a_child_on_another_proc_failing_is_offered_to_its_owner_too(procs):
+    owner = procs.slice(procs=0).spawn("owner-remote", Owner, True)
+    owner.spawn_on.call_one(procs.slice(procs=1), "kid-b").get(timeout=30)
+    assert owner.break_child.call_one("fatal").get(timeout=30) == "exit"
+    seen = _failures(owner)
+    assert len(seen) == 1 and "kid-b" in seen[0] and "Fatal: child broke" in seen[0]
+
+
+@pytest.mark.parametrize("cls, handle, why", [(Owner, None, "did not handle it"), (Owner, False, "did not handle it"),
+                                              (Bare, True, "has no __supervise__")])
+def test_an_unhandled_childs_failure_fails_the_owner_and_reaches_the_controller(procs, faults, cls, handle, why):
+    name = f"owner-{cls.__name__}-{handle}".lower()
+    owner = procs.slice(procs=0).spawn(name, cls, handle)
+    owner.spawn_here.call_one(f"kid-{name}").get(timeout=30)
+    owner.break_child.call_one("quit").get(timeout=30)
+    deadline = time.monotonic() + 10
+    with pytest.raises(SupervisionError) as failed:
+        while time.monotonic() < deadline:  # the owner fails at the first message after the offer
+            owner.ping.call_one().get(timeout=30)
+            time.sleep(0.05)
+    assert f"its child kid-{name}" in str(failed.value) and why in str(failed.value)
+    procs.slice(procs=1).spawn(f"after-{name}", Child).ping.call_one().get(timeout=30)  # a session call
+    assert any(f.mesh == name and why in f.reason for f in faults), faults
