@@ -303,7 +303,9 @@ class Endpoint:
         return StreamResults(session, sink)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Fire and forget to every actor; failures are logged, not raised."""
+        """Fire and forget to every actor. Nobody reads its answer, so an exception it raises
+        fails that actor, as in Monarch: its restart policy applies, or the unhandled-fault hook
+        hears of it; the failure is also logged."""
         sink = BroadcastSink(self._mesh.name, self._method)
         self._mesh._session._call(self._mesh, self._method, args, kwargs, "broadcast", self._mesh._view.ranks, sink)
 

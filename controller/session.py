@@ -340,6 +340,8 @@ class Session:
                         unavailable[r] = str(e)
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
+        if kind == "broadcast":
+            base["bc"] = True  # nobody reads its result: an error fails the actor, as in Monarch
         runtime, edge = self.runtime, self._edge
         with self._drive.lock:
             call = engine.expect(seq, kind, actor, method, {r: procs[r].key for r in ranks}, sink, jc)

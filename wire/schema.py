@@ -71,6 +71,7 @@ class Call(TypedDict):
     pt: Point
     rt: NotRequired[Address]  # where the result goes
     o: NotRequired[Origin]  # made by an actor, not by the controller
+    bc: NotRequired[bool]  # a broadcast: an Exception fails the actor rather than answer
 
 
 class Owner(TypedDict):

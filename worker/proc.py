@@ -401,7 +401,7 @@ class ProcRuntime(_HostWatch):
             if owner is None:
                 self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {method!r} on proc {self.proc_id}")
                 return
-            owner.mailbox.append((seq, point, SUPERVISE_ACTOR, payload, o))
+            owner.mailbox.append((seq, point, SUPERVISE_ACTOR, payload, o, False))
             if not owner.busy:
                 self._drain(owner)
             return
@@ -413,7 +413,7 @@ class ProcRuntime(_HostWatch):
             self._finish(seq, actor, point, "err", o=o, et="AttributeError",
                          em=f"{type(slot.instance).__name__} has no endpoint {method!r}", tb="")
             return
-        slot.mailbox.append((seq, point, method, payload, o))
+        slot.mailbox.append((seq, point, method, payload, o, meta.get("bc", False)))
         if not slot.busy:
             self._drain(slot)
 
@@ -512,7 +512,7 @@ class ProcRuntime(_HostWatch):
         has run to its first await (the next message is taken on the loop's next turn)."""
         slot.busy = True
         while slot.mailbox:
-            seq, point, method, payload, o = slot.mailbox.popleft()
+            seq, point, method, payload, o, bc = slot.mailbox.popleft()
             if slot.failed is not None:  # a child's failure it did not handle: this message finds it failed
                 self._exit(slot, seq, point, ActorExit(slot.failed, normal=False), o=o)
                 return
@@ -524,7 +524,7 @@ class ProcRuntime(_HostWatch):
             port = self._response_port(slot, seq, point, o) if explicit else None
             if run is not _Run.INLINE:
                 self._async_running += 1
-                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o, port))
+                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o, port, bc))
                 slot.tasks.add(task)
                 task.add_done_callback(slot.tasks.discard)
                 if run is _Run.CONCURRENT:
@@ -540,6 +540,9 @@ class ProcRuntime(_HostWatch):
                 self._exit(slot, seq, point, e, o=o)
                 return
             except Exception as e:  # an error the endpoint raised: it goes back to the caller
+                if bc:  # no caller reads a broadcast's answer: the actor fails instead
+                    self._fail(slot, seq, point, method, e, o=o)
+                    return
                 self._answer_error(seq, slot.name, point, e, o, port)
             except (SystemExit, KeyboardInterrupt):
                 raise
@@ -559,7 +562,7 @@ class ProcRuntime(_HostWatch):
             self._drain(slot)
 
     async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list,
-                         run: _Run, o: str = "", port: Any = None) -> None:
+                         run: _Run, o: str = "", port: Any = None, bc: bool = False) -> None:
         token = _current.set(slot.ctx)
         _calling.set(CallSite(seq, o, slot.name, point))  # this task's own context
         try:
@@ -570,6 +573,9 @@ class ProcRuntime(_HostWatch):
             self._exit(slot, seq, point, e, o=o)
             return
         except Exception as e:
+            if bc:
+                self._fail(slot, seq, point, method, e, o=o)
+                return
             self._answer_error(seq, slot.name, point, e, o, port)
         except (SystemExit, KeyboardInterrupt):
             raise
@@ -622,7 +628,7 @@ class ProcRuntime(_HostWatch):
             del self.actors[slot.name]
         slot.busy = False
         while slot.mailbox:
-            seq, point, _, _, o = slot.mailbox.popleft()
+            seq, point, _, _, o, _ = slot.mailbox.popleft()
             self._finish(seq, slot.name, point, "dead", o=o, em=f"{why} before running this call")
         for _, answer in self.ports.of_actor(slot.name):  # calls it would have answered through a port
             answer(("gone", why))

@@ -195,7 +195,8 @@ class RemoteEndpoint:
     def __init__(self, ref: ActorMeshRef, method: str):
         self._ref, self._method = ref, method
 
-    def _send(self, positions: Sequence[int], args: tuple, kwargs: dict) -> list[asyncio.Future]:
+    def _send(self, positions: Sequence[int], args: tuple, kwargs: dict,
+              extra: dict | None = None) -> list[asyncio.Future]:
         ref = self._ref
         client, site = _site(f"a call of {ref.name}.{self._method}")
         if ref.session != client.rt.session:
@@ -203,7 +204,7 @@ class RemoteEndpoint:
         origin = site.child()
         frames, digest = wire.dumps_call(args, kwargs)
         return [client.send(Kind.CALL, ref.targets[p], site.seq, ref.name, ref.ranks[p], origin, self._method,
-                            digest, frames) for p in positions]
+                            digest, frames, extra) for p in positions]
 
     def call(self, *args: Any, **kwargs: Any) -> RemoteFuture:
         """Call every member; the future holds a ValueMesh."""
@@ -228,9 +229,10 @@ class RemoteEndpoint:
         return RemoteStream(self._ref, self._method, self._send(range(len(self._ref)), args, kwargs))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Send to every member without waiting; a failure is logged."""
+        """Send to every member without waiting. An Exception it raises fails the member (its
+        owner's `__supervise__` hears of it), as in Monarch; a failure is logged here."""
         ref, method = self._ref, self._method
-        for pos, f in enumerate(self._send(range(len(ref)), args, kwargs)):
+        for pos, f in enumerate(self._send(range(len(ref)), args, kwargs, {"bc": True})):
             f.add_done_callback(lambda f, pos=pos: _log_failed(f, ref, method, pos))
 
 

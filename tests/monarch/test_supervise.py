@@ -127,3 +127,38 @@ def test_an_unhandled_childs_failure_fails_the_owner_and_reaches_the_controller(
     assert f"its child kid-{name}" in str(failed.value) and why in str(failed.value)
     procs.slice(procs=1).spawn(f"after-{name}", Child).ping.call_one().get(timeout=30)  # a session call
     assert any(f.mesh == name and why in f.reason for f in faults), faults
+
+
+class Flaky(Actor):
+    @endpoint
+    def bad(self) -> None:
+        raise ValueError("nobody reads a broadcast's answer")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_an_exception_in_a_broadcast_fails_the_actor_and_reaches_the_unhandled_fault_hook(procs, faults):
+    flaky = procs.spawn("flaky", Flaky)
+    flaky.bad.broadcast()
+    with pytest.raises(SupervisionError, match="bad raised ValueError|no actor 'flaky'"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            flaky.ping.call().get(timeout=30)
+            time.sleep(0.05)
+    procs.spawn("after-flaky", Flaky).ping.call().get(timeout=30)  # the hook runs at a session call
+    assert any(f.mesh == "flaky" and "ValueError" in f.reason for f in faults), faults
+
+
+def test_a_broadcast_that_fails_a_supervised_actor_gets_it_restarted(procs):
+    flaky = procs.spawn("flaky-supervised", Flaky, restart="permanent")
+    flaky.bad.broadcast()
+    deadline = time.monotonic() + 20
+    while True:  # the restart is the supervisor's: calls fail until it is done, then run
+        try:
+            assert flaky.ping.call().get(timeout=30).values() == ["pong", "pong"]
+            break
+        except SupervisionError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
