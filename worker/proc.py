@@ -106,6 +106,7 @@ class _Slot:
     ended: str | None = None  # why the actor is gone, once it is ("actor a stopped (normal)")
     owner: dict | None = None  # the actor that spawned it from inside an actor (wire.schema.Owner)
     failed: str | None = None  # a child's failure it did not handle: it fails at its next message
+    children: list = field(default_factory=list)  # ActorMeshRefs of the meshes it spawned: stopped with it
 
     def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
         """The bound method, how it runs, and whether it answers through an explicit port."""
@@ -149,6 +150,7 @@ class ProcRuntime(_HostWatch):
         self.dedupe = DedupeCache()
         self.client = ActorClient(self)  # the calls this proc's actors make
         self.ports = ProcPorts(self)  # channels its actors opened, calls answered through a port
+        self._born_with: dict[str, list] = {}  # meshes spawned by actors still in __init__
         self.actors: dict[str, _Slot] = {}
         self.pending: dict[str, collections.deque] = {}
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
@@ -209,7 +211,10 @@ class ProcRuntime(_HostWatch):
         for slot in list(self.actors.values()):
             del self.actors[slot.name]
             slot.mailbox.clear()
+            if slot.children:  # best effort: this proc will not be there to send them again
+                self._stop_children(slot)
             self._close(slot, "the proc stopped", None)
+        self._flush_out()
         if self._closing:
             try:
                 self.loop.run_until_complete(asyncio.wait(list(self._closing), timeout=CLOSE_S))
@@ -465,6 +470,24 @@ class ProcRuntime(_HostWatch):
         task.add_done_callback(slot.tasks.discard)
         return True
 
+    def owned(self, actor: str, child: Any) -> None:
+        """Actor `actor` spawned mesh `child` (an ActorMeshRef): it is stopped when the actor ends."""
+        slot = self.actors.get(actor)
+        if slot is not None:
+            slot.children.append(child)
+        else:  # spawned from its __init__: the slot is not made yet (_construct takes these)
+            self._born_with.setdefault(actor, []).append(child)
+
+    def _stop_children(self, slot: _Slot) -> None:
+        """An owner ended: stop the meshes it spawned, without waiting (Monarch's recursive stop)."""
+        self._stop_meshes(f"{slot.name}[{slot.ctx.rank}]@{slot.ctx.incarnation}/stop", slot.children)
+        slot.children.clear()
+
+    def _stop_meshes(self, origin: str, meshes: list) -> None:
+        for k, child in enumerate(meshes):
+            for rank, target in zip(child.ranks, child.targets, strict=True):
+                self.client.send(Kind.STOP, target, -1, child.name, rank, f"{origin}#{k}", "__stop__", b"", [])
+
     def _tell_owner(self, slot: _Slot, reason: str) -> None:
         """An owned actor failed: its owner's proc hears of it (worker/remote.py ProcMeshRef.spawn)."""
         ow = slot.owner
@@ -632,6 +655,8 @@ class ProcRuntime(_HostWatch):
             self._finish(seq, slot.name, point, "dead", o=o, em=f"{why} before running this call")
         for _, answer in self.ports.of_actor(slot.name):  # calls it would have answered through a port
             answer(("gone", why))
+        if slot.children:
+            self._stop_children(slot)
         return self._close(slot, why, exc)
 
     def _finish_value(self, seq: int, actor: str, point: int, value: Any, o: str = "") -> None:
@@ -735,11 +760,13 @@ class ProcRuntime(_HostWatch):
             instance = cls(*args, **kwargs)
         except Exception as e:
             failed(e)
+            self._stop_meshes(f"{actor}[{point}]@{incarnation}/stop", self._born_with.pop(actor, []))
             return None
         finally:
             _calling.reset(calling)
             _current.reset(token)
-        return _Slot(actor, instance, endpoint_names(cls), ctx)
+        children = self._born_with.pop(actor, [])
+        return _Slot(actor, instance, endpoint_names(cls), ctx, children=children)
 
     def _on_stop(self, meta: dict, rt: str | None) -> None:
         admitted = self._admit(Kind.STOP, meta, rt)

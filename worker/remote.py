@@ -277,7 +277,8 @@ class ProcMeshRef:
     def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> ActorMeshRef:
         """Create one actor per proc, owned by the calling actor; returns once every __init__
         ran. Its name is the session's: no other mesh of that name may live on these procs.
-        A member that fails is reported to the owner's `__supervise__(failure)` (docs/monarch.md)."""
+        A member that fails is reported to the owner's `__supervise__(failure)`, and the mesh is
+        stopped when its owner ends (docs/design.md, "Calls made by actors")."""
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"actor mesh name {name!r} must be a non-empty string")
         client, site = _site(f"spawning {name}")
@@ -292,8 +293,10 @@ class ProcMeshRef:
                                {"co": dict(point_of(dims, i)), "sz": dims, "ow": owner})
                    for i, t in enumerate(self.targets)]
         RemoteFuture(futures, list, name, "__init__").get()
-        return ActorMeshRef(self.session, name, actor_class.__name__, frozenset(endpoint_names(actor_class)),
-                            self.dim_items, tuple(range(len(self.targets))), self.targets, self.keys, self.epoch)
+        child = ActorMeshRef(self.session, name, actor_class.__name__, frozenset(endpoint_names(actor_class)),
+                             self.dim_items, tuple(range(len(self.targets))), self.targets, self.keys, self.epoch)
+        rt.owned(site.actor, child)
+        return child
 
     def __repr__(self) -> str:
         return f"ProcMeshRef({self.dims})"

@@ -162,3 +162,41 @@ def test_a_broadcast_that_fails_a_supervised_actor_gets_it_restarted(procs):
         except SupervisionError:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+class Noting(Actor):
+    """Writes a line to a file when it ends."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        with open(self.path, "a") as f:
+            f.write("stopped\n")
+
+
+class Parent(Actor):
+    def __init__(self, procs: ProcMeshRef, path: str) -> None:
+        self.here = this_proc().spawn("noting-here", Noting, path)
+        self.there = procs.spawn("noting-there", Noting, path)
+
+    @endpoint
+    def check(self) -> list[str]:
+        return [self.here.ping.call_one().get(timeout=30), *self.there.ping.call().get(timeout=30).values()]
+
+
+def test_stopping_an_owner_stops_the_meshes_it_spawned(procs, tmp_path):
+    path = tmp_path / "stops"
+    parent = procs.slice(procs=0).spawn("parent", Parent, procs.slice(procs=1), str(path))
+    assert parent.check.call_one().get(timeout=30) == ["pong", "pong"]
+    parent.stop()
+    deadline = time.monotonic() + 10
+    while (path.read_text().count("stopped") if path.exists() else 0) < 2:
+        assert time.monotonic() < deadline, "the owned meshes were not stopped"
+        time.sleep(0.05)
+    # Their names are free again on those procs.
+    procs.slice(procs=1).spawn("again", Parent, procs.slice(procs=1), str(path)).stop()
