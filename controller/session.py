@@ -47,7 +47,7 @@ from regent.journal import LeadershipLost
 from regent.wire import Kind
 from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.logsetup import configure_logging
-from regent.worker.ports import Port
+from regent.worker.ports import Port, offer_controller_ports
 
 log = structlog.get_logger("regent.session")
 T = TypeVar("T")
@@ -121,6 +121,7 @@ class Session:
         self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)
         self._ports: ControllerPorts | None = None
+        offer_controller_ports(self.open_port)  # Channel.open() in this program
         self._checkpoints = Checkpoints(self)
         self._get_hook, self._flush_hook, self._decode_hook = self._get, self.runtime.flush, self._engine.decode
 
@@ -167,6 +168,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        offer_controller_ports(self.open_port, withdraw=True)
         if self._faults.undelivered():
             log.warning("actor failures nothing handled came after the program's last session call; "
                         "the unhandled-fault hook was not called for them", session=self.name,

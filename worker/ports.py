@@ -22,6 +22,7 @@ import structlog
 
 from regent import wire
 from regent.wire import Kind
+from regent.worker.actor import _calling
 from regent.worker.client import Target
 from regent.worker.errors import ActorError
 from regent.worker.remote import _site
@@ -137,12 +138,33 @@ class Received:
         return self._value()
 
 
+_controller_ports: list[Callable[[], tuple[Port, Any]]] = []  # open sessions' `open_port`, in this process
+
+
+def offer_controller_ports(open_port: Callable[[], tuple[Port, Any]], *, withdraw: bool = False) -> None:
+    """A Session opened (or closed) in this process: `Channel.open()` outside an actor uses it."""
+    if withdraw:
+        if open_port in _controller_ports:
+            _controller_ports.remove(open_port)
+    else:
+        _controller_ports.append(open_port)
+
+
 class Channel:
     """Monarch's `Channel.open()`: a new (Port, PortReceiver) pair, owned by the running actor's
-    proc. In the controller program, `s.open_port()` makes one whose values are journaled."""
+    proc; in the controller program, the session's `s.open_port()` (its values are journaled).
+    `Channel[int].open()` as in Monarch: the type is for the reader only."""
+
+    def __class_getitem__(cls, item: Any) -> type[Channel]:
+        return cls
 
     @staticmethod
-    def open() -> tuple[Port, PortReceiver]:
+    def open() -> tuple[Port, Any]:
+        if _calling.get() is None and _controller_ports:
+            if len(_controller_ports) > 1:
+                raise RuntimeError("Channel.open() outside an actor with several sessions open: call "
+                                   "s.open_port() on the one whose program receives")
+            return _controller_ports[0]()
         client, site = _site("Channel.open() (in the controller program: s.open_port())")
         rt = client.rt
         pid = f"c{site.seq}:{site.child()}"  # the same on a re-run of the opening call

@@ -203,3 +203,19 @@ def test_an_async_program_awaits_its_port(session, helpers):
         return [await rx.recv() for _ in range(3)]
 
     assert session.run(main()) == [(0, 0), (0, 1), (0, 2)]
+
+
+class SendAlot(Actor):
+    @endpoint
+    def send(self, port: Port) -> None:
+        for i in range(100):
+            port.send(i)
+
+
+def test_channel_open_in_the_controller_program_is_the_sessions_port(procs):
+    """Monarch's test_port_as_argument, as written there."""
+    s = procs.slice(procs=1).spawn("send-alot", SendAlot)
+    send, recv = Channel[int].open()
+    s.send.broadcast(send)
+    for i in range(100):
+        assert i == recv.recv().get(timeout=30)
