@@ -1,7 +1,7 @@
 """The controller program's ports: `s.open_port()` (Monarch's `Channel.open()` in the client).
 
 The receivers live in a proc of the session's own, in a `PortServer` system actor spawned on
-this host on first use; each `recv` is a journaled call to it, so what the program receives,
+first use on the host of the program's first proc (else this host); each `recv` is a journaled call to it, so what the program receives,
 and in which order, is journaled as every result is and replays the same on a standby
 (docs/design.md, "Ports")."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from regent.controller.mesh import HostMesh
 from regent.worker.ports import Mapped, Port, unwrap
 from regent.worker.system import PortServer
 
@@ -31,6 +32,9 @@ class PortReceiver:
 
 
 class ControllerPorts:
+    """The PortServer lives on the host of the program's first proc, which its actors reach (the
+    controller's own machine may not be reachable from a cluster's hosts), else on this host."""
+
     def __init__(self, session: Session):
         self._s = session
         self._server: ActorMesh | None = None
@@ -38,9 +42,12 @@ class ControllerPorts:
 
     def open(self) -> tuple[Port, PortReceiver]:
         if self._server is None:  # made at the same point of the program on every replay
-            procs = self._s.this_host().spawn_procs(per_host={"procs": 1})
-            self._server = procs.spawn(PORTS_ACTOR, PortServer)
+            self._server = self._hosts().spawn_procs(per_host={"procs": 1}).spawn(PORTS_ACTOR, PortServer)
         pid = f"s{self._opened}"
         self._opened += 1
         port: Any = self._server.port.call_one(pid).get()
         return port, PortReceiver(self._server, pid)
+
+    def _hosts(self) -> HostMesh:
+        procs = self._s._lifecycle.procs
+        return HostMesh(self._s, [procs[0].host]) if procs else self._s.this_host()
