@@ -17,12 +17,13 @@ import sys
 import time
 
 from regent.controller import Session
-from regent.worker import Actor, ActorMeshRef, Port, current_rank, endpoint, this_proc
+from regent.worker import Actor, ActorMeshRef, Channel, Port, current_rank, endpoint, this_proc
 
 
 class Store(Actor):
     def __init__(self) -> None:
         self.seen: dict[str, int] = {}
+        self.waiting: list = []
 
     @endpoint
     def put(self, token: str, x: int) -> int:
@@ -30,6 +31,26 @@ class Store(Actor):
         self.seen[token] = self.seen.get(token, 0) + 1
         time.sleep(0.002)
         return 2 * x
+
+    @endpoint
+    def echo_into(self, port: Port, token: str) -> None:
+        """Into a channel an actor opened."""
+        self.seen[token] = self.seen.get(token, 0) + 1
+        port.send(token)
+
+    @endpoint(explicit_response_port=True)
+    def later(self, port: Port, token: str) -> None:
+        """Answered through its port, from another call (release)."""
+        self.seen[token] = self.seen.get(token, 0) + 1
+        self.waiting.append((port, token))
+
+    @endpoint
+    def release(self, token: str) -> int:
+        self.seen[token] = self.seen.get(token, 0) + 1
+        waiting, self.waiting = self.waiting, []
+        for port, t in waiting:
+            port.send(f"released {t}")
+        return len(waiting)
 
     @endpoint
     def report(self) -> dict[str, int]:
@@ -56,7 +77,7 @@ class Relay(Actor):
 
     @endpoint
     async def forward_async(self, tag: str, i: int) -> int:
-        one = await self.store.slice(procs=i % 3).put.call_one(self._token(tag, i), i)
+        one = await self.store.slice(procs=i // 6 % 3).put.call_one(self._token(tag, i), i)
         aux = await self.child.put.call_one(self._token(tag + "x", i), i)
         return one + aux
 
@@ -64,6 +85,18 @@ class Relay(Actor):
     def through(self, other: ActorMeshRef, tag: str, i: int) -> list[int]:
         """A mesh passed as an argument, streamed."""
         return sorted(v for _, v in other.put.stream(self._token(tag, i), 1))
+
+    @endpoint
+    async def collect(self, tag: str, i: int) -> list[str]:
+        """A channel of its own, which every store member sends into, and a call answered
+        through a response port."""
+        port, rx = Channel.open()
+        await self.store.echo_into.call(port, self._token(tag, i))
+        got = sorted([await rx.recv() for _ in range(len(self.store))])
+        one = self.store.slice(procs=i // 6 % 3)
+        later = one.later.call_one(self._token(tag + "l", i))
+        await one.release.call_one(self._token(tag + "r", i))
+        return [*got, await later]
 
     @endpoint
     def produce_into(self, port: Port, i: int) -> None:
@@ -88,15 +121,17 @@ def main() -> None:
         port, rx = s.open_port()
         out: list = []
         for i in range(steps):
-            k = i % 5
+            k = i % 6
             if k == 0:
                 out.append(relay.forward.call("f", i).get().values())
             elif k == 1:
-                out.append(relay.slice(procs=i % 3).forward_async.call_one("a", i).get())
+                out.append(relay.slice(procs=i // 6 % 3).forward_async.call_one("a", i).get())
             elif k == 2:
-                out.append(relay.slice(procs=(i + 1) % 3).through.call_one(store, "t", i).get())
+                out.append(relay.slice(procs=(i // 6 + 1) % 3).through.call_one(store, "t", i).get())
             elif k == 3:
                 relay.forward.broadcast("b", i)
+            elif k == 5:
+                out.append(relay.slice(procs=(i // 6 + 2) % 3).collect.call_one("p", i).get())
             else:  # every relay sends two values to the controller's port
                 relay.produce_into.broadcast(port, i)
                 out.append(sorted(rx.recv().get() for _ in range(6)))
