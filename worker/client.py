@@ -75,6 +75,7 @@ class ActorClient:
         self.rt = runtime
         self.out: dict[Key, _Outgoing] = {}
         self._asked: dict[str, float] = {}  # host agent -> when it was asked and has not answered
+        self._asks: dict[int, tuple[str, set[str]]] = {}  # request "n" -> (host agent, procs asked about)
         self._timer: asyncio.TimerHandle | None = None
         self._dead_s = _dead_after_s()
         self.sent = 0
@@ -146,36 +147,44 @@ class ActorClient:
                 if now - asked > self._dead_s:
                     self._lost(lambda t, h=host: t.host == h,
                                f"the host agent at {host} has not answered for {now - asked:.0f} s")
+                    del self._asked[host]
+                    self._asks = {n: a for n, a in self._asks.items() if a[0] != host}
                 continue
             self._ask(host, procs)
         if self.out:
             self._timer = self.rt.loop.call_later(TICK_S, self._tick)
 
     def _ask(self, host: str, procs: set[str]) -> None:
-        """Ask a callee's host agent which of the session's procs live there."""
+        """Ask a callee's host agent which of the session's procs live there. Answered through
+        `on_host_reply`, called by the proc's dispatch itself: a sync endpoint waiting in `pump`
+        runs no loop callbacks."""
         rt = self.rt
         n = next(rt._ack_ids)
-        reply = rt._acks[n] = rt.loop.create_future()
+        self._asks[n] = (host, procs)
         self._asked[host] = time.monotonic()
         rt._send(host, wire.encode(Kind.HOST_REQ, {"sid": rt.session, "e": rt.fence.epoch, "op": "list", "n": n,
                                                    "rt": rt.inbox.address}, []))
 
-        def answered(f: asyncio.Future) -> None:
-            rt._acks.pop(n, None)
-            if f.cancelled():
-                return
-            self._asked.pop(host, None)
-            listing = f.result()
+    def on_host_reply(self, listing: dict) -> bool:
+        """A host agent's answer to `_ask`; False if it answers something else."""
+        found = self._asks.pop(listing.get("n"), None) if isinstance(listing.get("n"), int) else None
+        if found is None:
+            return False
+        host, procs = found
+        self._asked.pop(host, None)
+        gone: set[str] = set()
+        if listing.get("st") == "ok":
             alive = {p.get("id") for p in listing.get("procs") or [] if p.get("alive", True)}
             gone = procs - alive
-            if listing.get("st") == "ok" and gone:
-                self._lost(lambda t: t.host == host and t.proc in gone,
-                           f"proc {sorted(gone)[0]} is gone (its host agent at {host} no longer lists it)")
-            for o in self.out.values():  # alive: the next check is CHECK_S away
-                if o.target.host == host and o.target.proc not in gone:
-                    o.since = time.monotonic()
-
-        reply.add_done_callback(answered)
+        elif listing.get("st") == "fenced" and isinstance(listing.get("e"), int):
+            self.rt.fence.admit(max(self.rt.fence.epoch, listing["e"]))  # a newer controller leads: ours now
+        if gone:
+            self._lost(lambda t: t.host == host and t.proc in gone,
+                       f"proc {sorted(gone)[0]} is gone (its host agent at {host} no longer lists it)")
+        for o in self.out.values():  # alive (or the agent could not say): checked again CHECK_S on
+            if o.target.host == host and o.target.proc not in gone:
+                o.since = time.monotonic()
+        return True
 
     def _lost(self, where: Callable[[Target], bool], why: str) -> None:
         for key in [k for k, o in self.out.items() if where(o.target)]:

@@ -326,7 +326,8 @@ class ProcRuntime(_HostWatch):
 
     def _dispatch(self, kind: Kind, meta: dict, payload: list, head: Any) -> None:
         if kind is Kind.HOST_REP:
-            self._on_host_reply(meta)
+            if not self.client.on_host_reply(meta):
+                self._on_host_reply(meta)
             return
         if kind is Kind.RESULT:  # the answer to a call one of our actors made
             if meta.get("sid", self.session) == self.session:
@@ -425,9 +426,14 @@ class ProcRuntime(_HostWatch):
     def _supervise(self, slot: _Slot, seq: int, point: int, payload: list, o: str) -> bool:
         """Offer a child's failure to the owner's `__supervise__(failure)`: True (handled) or the owner
         fails at its next message, as Monarch's owners do. True here if an async hook now runs."""
-        (fields,), _ = wire.loads(payload)
-        failure = MeshFailure(fields["mesh"], fields["rank"], Point(fields["rank"], fields["co"], fields["sz"]),
-                              fields["reason"], "unsupervised")
+        try:
+            (fields,), _ = wire.loads(payload)
+            failure = MeshFailure(str(fields["mesh"]), int(fields["rank"]),
+                                  Point(int(fields["rank"]), dict(fields["co"]), dict(fields["sz"])),
+                                  str(fields["reason"]), "unsupervised")
+        except Exception as e:  # a notice this proc cannot read: answered, and the owner serves on
+            self._finish_error(seq, SUPERVISE_ACTOR, point, e, o=o)
+            return False
         hook = getattr(slot.instance, "__supervise__", None)
 
         def settle(handled: Any, error: BaseException | None = None) -> None:

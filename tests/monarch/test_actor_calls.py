@@ -255,3 +255,55 @@ def test_ping_pong_between_two_meshes(procs):
     finally:
         left.stop()
         right.stop()
+
+
+class Sleeper(Actor):
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    @endpoint
+    def nap(self, seconds: float) -> float:
+        import time
+
+        time.sleep(seconds)  # holds the proc's only thread: it answers no ping meanwhile
+        return seconds
+
+
+class Waiter(Actor):
+    @endpoint
+    def wait_on(self, sleeper: ActorMeshRef, seconds: float) -> str:
+        try:
+            return f"answered {sleeper.nap.call_one(seconds).get(timeout=120)}"
+        except SupervisionError as e:
+            return f"failed: {e}"
+
+
+def test_a_callee_busy_longer_than_the_liveness_check_is_waited_for(session):
+    procs = session.spawn_procs(per_host={"procs": 2})
+    try:
+        sleeper = procs.slice(procs=0).spawn("busy-sleeper", Sleeper)
+        waiter = procs.slice(procs=1).spawn("busy-waiter", Waiter)
+        assert waiter.wait_on.call_one(sleeper, 7.0).get(timeout=60) == "answered 7.0"
+    finally:
+        procs.stop()
+
+
+def test_a_callee_whose_proc_dies_fails_the_calling_actors_call(session):
+    import os
+    import signal
+
+    procs = session.spawn_procs(per_host={"procs": 2})
+    try:
+        sleeper = procs.slice(procs=0).spawn("dying-sleeper", Sleeper)
+        waiter = procs.slice(procs=1).spawn("dying-waiter", Waiter)
+        pid = sleeper.pid.call_one().get(timeout=30)
+        waited = waiter.wait_on.call_one(sleeper, 60.0)
+        assert not waited.wait(1.0)
+        os.kill(pid, signal.SIGKILL)
+        answer = waited.get(timeout=60)
+        assert answer.startswith("failed:") and "is gone" in answer, answer
+    finally:
+        procs.stop()
