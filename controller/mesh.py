@@ -7,9 +7,10 @@ broadcast. They all turn into the session's one call path.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import queue
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from regent.worker.actor import endpoint_names
 from regent.worker.client import Target
 from regent.worker.remote import ActorMeshRef, ProcMeshRef, actor_ref, proc_ref
 from regent.worker.shape import select, size_of
-from regent.worker.system import ProcGroup
+from regent.worker.system import Bootstrap, ProcGroup
 
 if TYPE_CHECKING:
     from regent.controller.refs import ProcRef
@@ -97,11 +98,24 @@ class HostMesh:
             raise ValueError(f"hosts={hosts!r} selects none of {len(self._hosts)} hosts")
         return HostMesh(self._session, picked)
 
-    def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
-        """Start procs on every host: per_host={"procs": N} (or {"gpus": N}, one GPU each)."""
+    def spawn_procs(self, per_host: Mapping[str, int] | None = None,
+                    bootstrap: Callable[[], Any] | None = None) -> ProcMesh:
+        """Start procs on every host: per_host={"procs": N} (or {"gpus": N}, one GPU each).
+
+        bootstrap: a plain function each new proc runs once before any actor of the program is
+        spawned there (Monarch's `bootstrap=`): set up the environment, logging, a library. It
+        runs as the `__init__` of a system actor, so it is journaled like a spawn and a standby
+        does not run it again; what it raises fails the call with ActorError."""
         if self._shut:
             raise RuntimeError("this HostMesh was shut down; get another with s.this_host() or s.host_mesh()")
-        return self._session._lifecycle.spawn_procs(self._hosts, dict(per_host or {"procs": 1}))
+        if bootstrap is not None and (inspect.iscoroutinefunction(bootstrap) or not callable(bootstrap)):
+            raise TypeError(f"bootstrap must be a plain function, not {bootstrap!r}")
+        procs = self._session._lifecycle.spawn_procs(self._hosts, dict(per_host or {"procs": 1}))
+        if bootstrap is not None:
+            taken = self._session._lifecycle.actor_names
+            free = next(i for i in itertools.count() if f"{_BOOTSTRAP_PREFIX}{i}" not in taken)
+            procs.spawn(f"{_BOOTSTRAP_PREFIX}{free}", Bootstrap, bootstrap)
+        return procs
 
 
 class ProcMesh:
@@ -188,6 +202,7 @@ class ProcMesh:
 
 
 _PROC_GROUP_PREFIX = "__regent_pg__"
+_BOOTSTRAP_PREFIX = "__regent_bootstrap__"
 
 
 def _target(p: ProcRef) -> Target:

@@ -449,9 +449,10 @@ class Session:
         journaled: a standby replaying the program gets the same ones."""
         return self._lifecycle.host_mesh(hosts, cluster, timeout_s)
 
-    def spawn_procs(self, per_host: Mapping[str, int] | None = None) -> ProcMesh:
-        """Procs on this host: shorthand for `s.this_host().spawn_procs(per_host)`."""
-        return self.this_host().spawn_procs(per_host)
+    def spawn_procs(self, per_host: Mapping[str, int] | None = None,
+                    bootstrap: Callable[[], Any] | None = None) -> ProcMesh:
+        """Procs on this host: shorthand for `s.this_host().spawn_procs(per_host, bootstrap)`."""
+        return self.this_host().spawn_procs(per_host, bootstrap)
 
     def open_port(self) -> tuple[Port, PortReceiver]:
         """A port actors can send values to, and its receiver in this program (Monarch's

@@ -80,3 +80,10 @@ class PortServer(Actor):
 
         return await receiver(pid).recv()._fut
 
+
+class Bootstrap(Actor):
+    """Runs a program's `spawn_procs(bootstrap=fn)` once in its proc, as its `__init__`."""
+
+    def __init__(self, fn: object) -> None:
+        fn()  # type: ignore[operator]
+

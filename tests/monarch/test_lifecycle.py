@@ -156,3 +156,37 @@ def test_a_host_mesh_used_as_a_context_manager_shuts_down_the_sessions_procs_on_
             host.spawn_procs(per_host={"procs": 1})
         assert s.this_host().spawn_procs(per_host={"procs": 1}).spawn("after", Other).kind.call_one().get(
             timeout=5) == "other"
+
+
+def _boot() -> None:
+    import os
+
+    os.environ["REGENT_TEST_BOOTED"] = f"booted {os.getpid()}"
+
+
+def _broken_boot() -> None:
+    raise RuntimeError("no GPU here")
+
+
+class Env(Actor):
+    @endpoint
+    def booted(self) -> tuple[str, bool]:
+        import os
+
+        return os.environ.get("REGENT_TEST_BOOTED", ""), os.environ["REGENT_TEST_BOOTED"].endswith(str(os.getpid()))
+
+
+def test_spawn_procs_runs_bootstrap_once_in_each_proc_before_its_actors(session):
+    procs = session.spawn_procs(per_host={"procs": 2}, bootstrap=_boot)
+    try:
+        got = procs.spawn("env", Env).booted.call().get(timeout=30).values()
+        assert [ok for _, ok in got] == [True, True] and got[0][0] != got[1][0]
+    finally:
+        procs.stop()
+
+
+def test_a_bootstrap_that_raises_fails_spawn_procs_naming_the_error(session):
+    with pytest.raises(Exception, match="no GPU here"):
+        session.spawn_procs(per_host={"procs": 1}, bootstrap=_broken_boot)
+    with pytest.raises(TypeError, match="plain function"):
+        session.spawn_procs(per_host={"procs": 1}, bootstrap=asyncio.sleep)
