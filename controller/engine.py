@@ -33,7 +33,7 @@ from regent.controller.replay import (
 )
 from regent.journal.errors import LeadershipLost
 from regent.worker.dedupe import LARGE_RESULT_BYTES
-from regent.worker.errors import ActorError, DivergenceError, SupervisionError
+from regent.worker.errors import SupervisionError, outcome_error
 
 NEVER_DURABLE = 1 << 62  # the lsn of an outcome that could not be journaled
 # An outcome journaled as an item of a CALLS record, until a writer ticket resolves its lsn:
@@ -408,14 +408,11 @@ class Engine:
             return wire.loads(outcome.frames) if outcome.frames else None
         meta = outcome.meta
         who = f"{call.actor}[{meta.get('pt', '?')}]"
-        if st == "err":
-            raise ActorError(who, call.method, str(meta.get("et")), str(meta.get("em")), str(meta.get("tb", "")))
-        if st in ("dead", "noactor", "exit"):
-            raise SupervisionError(f"{who}.{call.method} failed: {meta.get('em')}", actor=who, reason=st)
+        error = outcome_error(st, meta, who, call.method)
+        if error is not None:
+            raise error
         if st == "fenced":
             raise LeadershipLost(f"{who} refused {call.method}: {meta.get('em')}")
-        if st == "divergence":
-            raise DivergenceError(f"{who}.{call.method}: {meta.get('em')}")
         if st == "lost":
             self.lost = LostResultError(str(meta.get("em")))
             raise self.lost

@@ -212,14 +212,8 @@ class ActorClient:
                 next_tick = now + TICK_S
             rt._flush_out()
             wait_ms = int(1000 * min(TICK_S, max(0.0, (end or now + TICK_S) - now)))
-            if not readable(sock) and not sock.poll(max(1, wait_ms), zmq.POLLIN):
-                continue
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
-            if rt.inbox.accept(frames):
-                rt._handle(frames)
+            if readable(sock) or sock.poll(max(1, wait_ms), zmq.POLLIN):
+                rt.take_one()
         rt._flush_out()
         return True
 

@@ -72,3 +72,17 @@ class ActorExit(Exception):  # noqa: N818 - a way out, like SystemExit
         self.reason = reason
         self.normal = normal
         super().__init__(reason)
+
+
+def outcome_error(status: str, meta: dict, actor: str, method: str) -> RegentError | None:
+    """The error a caller raises for a call's answer of this status (None: ok, or the caller's
+    own case, such as "fenced"): ActorError for an endpoint's exception, SupervisionError for
+    an actor or proc gone, DivergenceError for an id reused. `actor` names the point."""
+    if status == "err":
+        return ActorError(actor, method, str(meta.get("et")), str(meta.get("em")), str(meta.get("tb", "")))
+    if status in ("dead", "noactor", "exit"):
+        return SupervisionError(f"{actor}.{method} failed: {meta.get('em')}", actor=actor, reason=status)
+    if status == "divergence":
+        return DivergenceError(f"{actor}.{method}: {meta.get('em')}")
+    return None
+

@@ -277,12 +277,8 @@ class ProcRuntime(_HostWatch):
         try:
             while True:
                 while readable(sock):
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
+                    if not self.take_one():
                         break
-                    if self.inbox.accept(frames):
-                        self._handle(frames)
                     # A batch in, a batch out: under a steady stream of calls the inbox is never
                     # empty, and replies held until it is would all arrive at the very end.
                     self._flush_out()
@@ -293,6 +289,16 @@ class ProcRuntime(_HostWatch):
         finally:
             self._reading = False
             self._flush_out()
+
+    def take_one(self) -> bool:
+        """Read one message from the inbox and handle it; False if there was none."""
+        try:
+            frames = self.inbox.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        if self.inbox.accept(frames):
+            self._handle(frames)
+        return True
 
     def _handle(self, frames: list) -> None:
         try:

@@ -25,7 +25,7 @@ from regent.wire import Kind
 from regent.worker.actor import CallSite, _calling, endpoint_names
 from regent.worker.classref import class_ref
 from regent.worker.client import ActorClient, Target
-from regent.worker.errors import ActorError, DivergenceError, FencedError, SupervisionError
+from regent.worker.errors import FencedError, SupervisionError, outcome_error
 from regent.worker.shape import Point, ValueMesh, point_of, select, size_of
 
 log = structlog.get_logger("regent.actor")
@@ -54,14 +54,11 @@ def _decode(meta: dict, payload: list, actor: str, method: str) -> Any:
     if st == "ok":
         return wire.loads(payload) if payload else None
     who = f"{actor}[{meta.get('pt', '?')}]"
-    if st == "err":
-        raise ActorError(who, method, str(meta.get("et")), str(meta.get("em")), str(meta.get("tb", "")))
-    if st in ("dead", "noactor", "exit"):
-        raise SupervisionError(f"{who}.{method} failed: {meta.get('em')}", actor=who, reason=st)
+    error = outcome_error(st, meta, who, method)
+    if error is not None:
+        raise error
     if st == "fenced":
         raise FencedError(f"{who} refused {method}: {meta.get('em')}")
-    if st == "divergence":
-        raise DivergenceError(f"{who}.{method}: {meta.get('em')}")
     raise SupervisionError(f"{who}.{method}: unexpected status {st!r}", actor=who, reason=st)
 
 
