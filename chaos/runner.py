@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+import tenacity
 
 from regent.chaos import faults as process_faults
 from regent.chaos.faults import FaultEvent, FaultLog
@@ -19,6 +20,8 @@ from regent.chaos.net import ChaosNet
 from regent.chaos.packets import HostFaults
 from regent.chaos.schedule import PROCESS_KINDS, Fault, Schedule
 from regent.chaos.toxics import TOXICS
+
+TARGET_WAIT_S = 5.0  # how long a process fault waits for its target to be there
 
 __all__ = ["ProcessRef", "ScheduleRunner"]
 
@@ -357,8 +360,18 @@ class ScheduleRunner:
             self._error(item.index, item.fault, "undo", exc)
 
     def _pid(self, name: str) -> int:
+        """The pid a process fault acts on now. A target that is not there (a proc being
+        restarted, a standby still starting) is waited for up to TARGET_WAIT_S, as a fault
+        injector a person drives would wait, before the fault counts as not applied."""
         ref = self.processes[name]
-        return ref() if callable(ref) else ref
+        if not callable(ref):
+            return ref
+        for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception_type(ProcessLookupError),
+                                         stop=tenacity.stop_after_delay(TARGET_WAIT_S),
+                                         wait=tenacity.wait_fixed(0.05), reraise=True):
+            with attempt:
+                return ref()
+        raise AssertionError("unreachable: tenacity reraises")
 
     def _error(self, index: int, fault: Fault, phase: str, exc: Exception) -> None:
         message = f"faults[{index}] {fault.kind} on {fault.target!r}: {phase} failed: {exc}"
