@@ -108,6 +108,7 @@ class CallSite:
     actor: str
     point: int
     made: int = 0
+    sends: dict[str, int] = field(default_factory=dict)  # port id -> the last send's number
 
     def child(self) -> str:
         """The origin of the next call made under this one."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -67,7 +68,11 @@ class Port:
                 raise ValueError(refused)
             return
         origin = site.child()
-        frames, digest = wire.dumps_call((self.id, item), {})
+        # Its place among this call's sends to this port: the owner delivers them in that order,
+        # whatever order resends arrive in. A re-run of the call sends the same (sender, n).
+        n = site.sends[self.id] = site.sends.get(self.id, -1) + 1
+        sender = f"{site.seq}/{site.origin}/{site.actor}[{site.point}]"
+        frames, digest = wire.dumps_call((self.id, item, sender, n), {})
         fut = client.send(Kind.CALL, self.target, site.seq, PORT_ACTOR, 0, origin, "send", digest, frames)
         fut.add_done_callback(lambda f: _log_undelivered(f, self))
 
@@ -168,7 +173,7 @@ class Channel:
         client, site = _site("Channel.open() (in the controller program: s.open_port())")
         rt = client.rt
         pid = f"c{site.seq}:{site.child()}"  # the same on a re-run of the opening call
-        return rt.ports.open(pid), rt.ports.receivers[pid]
+        return rt.ports.open(pid)
 
 
 class ProcPorts:
@@ -176,17 +181,22 @@ class ProcPorts:
 
     def __init__(self, runtime: ProcRuntime):
         self.rt = runtime
-        self.receivers: dict[str, PortReceiver] = {}
+        # Held weakly: a receiver its program dropped takes no more values (their senders hear so).
+        self.receivers: weakref.WeakValueDictionary[str, PortReceiver] = weakref.WeakValueDictionary()
         self.responses: dict[str, tuple[str, Callable[[tuple], None]]] = {}  # pid -> (actor, answer)
+        # Per port and sending call: the next send due, and those that came before their turn.
+        self._order: dict[str, dict[str, tuple[int, dict[int, tuple]]]] = {}
 
     def _port(self, pid: str) -> Port:
         rt = self.rt
         return Port(rt.session, Target(rt.inbox.address, rt.proc_id, rt.host_inbox), pid)
 
-    def open(self, pid: str) -> Port:
-        if pid not in self.receivers:
-            self.receivers[pid] = PortReceiver(self.rt.loop, pid)
-        return self._port(pid)
+    def open(self, pid: str) -> tuple[Port, PortReceiver]:
+        rx = self.receivers.get(pid)
+        if rx is None:
+            rx = self.receivers[pid] = PortReceiver(self.rt.loop, pid)
+            weakref.finalize(rx, self._order.pop, pid, None)
+        return self._port(pid), rx
 
     def response(self, seq: int, actor: str, point: int, origin: str, answer: Callable[[tuple], None]) -> Port:
         """A port whose first value answers call (seq, actor, point, origin)."""
@@ -205,8 +215,9 @@ class ProcPorts:
             del self.responses[pid]
         return mine
 
-    def deliver(self, pid: str, item: tuple) -> str | None:
-        """Give a value to the port `pid`; an error message if there is no such port."""
+    def deliver(self, pid: str, item: tuple, sender: str | None = None, n: int | None = None) -> str | None:
+        """Give a value to the port `pid`, the `n`-th from call `sender` (None: from this proc,
+        in order already); an error message if there is no such port."""
         found = self.responses.pop(pid, None)
         if found is not None:
             found[1](item)
@@ -216,22 +227,31 @@ class ProcPorts:
             if pid.startswith("r"):
                 return f"port {pid} has answered its call already"
             return f"no port {pid} on proc {self.rt.proc_id}: its receiver's proc was restarted, or it never opened"
-        rx._put(item)
+        if sender is None or n is None:
+            rx._put(item)
+            return None
+        senders = self._order.setdefault(pid, {})
+        due, early = senders.get(sender, (0, {}))
+        if n < due:
+            return None  # delivered already (a repeat the dedupe cache had released)
+        early[n] = item
+        while due in early:  # this one and any that came before their turn
+            rx._put(early.pop(due))
+            due += 1
+        senders[sender] = (due, early)
         return None
 
 
 def receiver(pid: str) -> PortReceiver:
     """The receiver of port `pid` on the running actor's proc, opened if it is not yet."""
     client, _ = _site("a port's receiver")
-    ports = client.rt.ports
-    ports.open(pid)
-    return ports.receivers[pid]
+    return client.rt.ports.open(pid)[1]
 
 
 def port_here(pid: str) -> Port:
     """Port `pid` of the running actor's proc."""
     client, _ = _site("a port")
-    return client.rt.ports.open(pid)
+    return client.rt.ports.open(pid)[0]
 
 
 class Accumulator:

@@ -517,8 +517,8 @@ class ProcRuntime(_HostWatch):
     def _on_port_send(self, seq: int, point: int, o: str, payload: list) -> None:
         """A value for one of our ports, sent from another proc (worker/ports.py); deduped like a call."""
         try:
-            (pid, item), _ = wire.loads(payload)
-            refused = self.ports.deliver(pid, item)
+            (pid, item, *order), _ = wire.loads(payload)
+            refused = self.ports.deliver(pid, item, *order)
         except Exception as e:
             self._finish_error(seq, PORT_ACTOR, point, e, o=o)
             return

@@ -67,10 +67,14 @@ class PortServer(Actor):
     the session's own. Each `recv` is a journaled call of the controller's, so the value it
     returns is journaled like any result, and a standby gets the same values in the same order."""
 
+    def __init__(self) -> None:
+        self.receivers: dict[str, object] = {}  # held here: the proc keeps receivers weakly
+
     @endpoint
     def port(self, pid: str) -> object:
-        from regent.worker.ports import port_here
+        from regent.worker.ports import port_here, receiver
 
+        self.receivers[pid] = receiver(pid)
         return port_here(pid)
 
     @concurrent_endpoint
@@ -78,7 +82,8 @@ class PortServer(Actor):
         """The next value that arrives at port `pid`, as (kind, value)."""
         from regent.worker.ports import receiver
 
-        return await receiver(pid).recv()._fut
+        rx = self.receivers.get(pid) or self.receivers.setdefault(pid, receiver(pid))
+        return await rx.recv()._fut  # type: ignore[attr-defined]
 
 
 class Bootstrap(Actor):
