@@ -74,9 +74,11 @@ def test_a_caller_run_again_after_its_proc_died_makes_the_same_calls_and_the_cal
         standby = c.start()
         c.wait_standby()
         relay_pid = int((tmp_path / "relay.pid").read_text())
-        os.kill(relay_pid, signal.SIGKILL)
+        # The primary first: one that outlived the relay by a moment would see its call fail and
+        # end the run itself.
         os.kill(primary.pid, signal.SIGKILL)
         primary.wait()
+        os.kill(relay_pid, signal.SIGKILL)
         result = c.finish(standby, timeout=120)
         assert (tmp_path / "relay.log").read_text().split() == ["t1", "t1"]  # the relay ran twice
         assert (tmp_path / "store.log").read_text().split() == ["t1"]  # the store once
