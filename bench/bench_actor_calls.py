@@ -28,6 +28,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench_async import sequential_latency, sequential_pipelined  # noqa: E402  (the controller's side)
 from bench_core import collected_heap, latency_stats, note, private_regent_home, run_and_report  # noqa: E402
 
 from regent.controller import Session  # noqa: E402
@@ -87,23 +88,6 @@ class Sender(Actor):
             port.send(i)
 
 
-def controller_latency(one: Any, n: int) -> list[int]:
-    out = []
-    for i in range(n):
-        t = time.perf_counter_ns()
-        one.noop.call_one(i).get()
-        out.append(time.perf_counter_ns() - t)
-    return out
-
-
-def controller_pipelined(one: Any, n: int) -> float:
-    t = time.perf_counter()
-    futures = [one.noop.call_one(i) for i in range(n)]
-    for f in futures:
-        f.get()
-    return n / (time.perf_counter() - t)
-
-
 def program_port_rate(s: Session, sender: Any, n: int) -> float:
     port, rx = s.open_port()
     t = time.perf_counter()
@@ -122,16 +106,16 @@ def bench(journal: str, repeats: int, calls: int, pipelined: int, sends: int) ->
         one = noop.slice(hosts=0)
         caller = procs.slice(procs=1).spawn("caller", Caller, noop).slice(hosts=0)
         sender = procs.slice(procs=2).spawn("sender", Sender)
-        controller_latency(one, 300)  # warm-up, every path
+        sequential_latency(one, 300)  # warm-up, every path
         caller.sync_latency.call_one(300).get()
         caller.async_latency.call_one(300).get()
         for r in range(repeats):
             with collected_heap():
-                figures["ctl_p50"].append(latency_stats(controller_latency(one, calls))["p50"])
+                figures["ctl_p50"].append(latency_stats(sequential_latency(one, calls))["p50"])
             figures["sync_p50"].append(latency_stats(caller.sync_latency.call_one(calls).get())["p50"])
             figures["async_p50"].append(latency_stats(caller.async_latency.call_one(calls).get())["p50"])
             with collected_heap():
-                figures["ctl_rate"].append(controller_pipelined(one, pipelined))
+                figures["ctl_rate"].append(sequential_pipelined(one, pipelined))
             figures["actor_rate"].append(caller.pipelined.call_one(pipelined).get())
             figures["channel_rate"].append(caller.channel_rate.call_one(sender, sends).get())
             with collected_heap():
