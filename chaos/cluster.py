@@ -132,6 +132,7 @@ class ChaosCluster:
     standbys: int = 1
     proxied_workers: bool = True
     etcd_restart_s: float | None = 0.5  # after a kill, start etcd again after this long; None: never
+    target_wait_s: float = 0.0  # how long a process fault waits for a target being restarted (runner)
     env: dict = field(default_factory=dict)
     faults: FaultLog = field(default_factory=FaultLog)
 
@@ -200,7 +201,8 @@ class ChaosCluster:
 
     def schedule_runner(self, schedule: Schedule) -> ScheduleRunner:
         """A runner that plays `schedule` on this cluster's links and processes."""
-        return ScheduleRunner(schedule, self.net, self.processes(), faults=self.faults)
+        return ScheduleRunner(schedule, self.net, self.processes(), faults=self.faults,
+                              target_wait_s=self.target_wait_s)
 
     def restore_store(self) -> None:
         """etcd running again, should the run have ended with it killed."""

@@ -21,8 +21,6 @@ from regent.chaos.packets import HostFaults
 from regent.chaos.schedule import PROCESS_KINDS, Fault, Schedule
 from regent.chaos.toxics import TOXICS
 
-TARGET_WAIT_S = 5.0  # how long a process fault waits for its target to be there
-
 __all__ = ["ProcessRef", "ScheduleRunner"]
 
 log = structlog.get_logger("chaos.runner")
@@ -115,10 +113,12 @@ class ScheduleRunner:
         *,
         hosts: HostFaults | None = None,
         faults: FaultLog | None = None,
+        target_wait_s: float = 0.0,
     ) -> None:
         self.schedule = schedule
         self.net = net
         self.hosts = hosts
+        self.target_wait_s = target_wait_s  # a process fault's wait for a target being restarted
         self.processes = dict(processes or {})
         schedule.check_targets(list(net) if net is not None else [], self.processes,
                                list(hosts) if hosts is not None else [])
@@ -361,13 +361,15 @@ class ScheduleRunner:
 
     def _pid(self, name: str) -> int:
         """The pid a process fault acts on now. A target that is not there (a proc being
-        restarted, a standby still starting) is waited for up to TARGET_WAIT_S, as a fault
-        injector a person drives would wait, before the fault counts as not applied."""
+        restarted, a standby still starting) is waited for up to `target_wait_s` (0: not at all)
+        before the fault counts as not applied."""
         ref = self.processes[name]
         if not callable(ref):
             return ref
+        if self.target_wait_s <= 0:
+            return ref()
         for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception_type(ProcessLookupError),
-                                         stop=tenacity.stop_after_delay(TARGET_WAIT_S),
+                                         stop=tenacity.stop_after_delay(self.target_wait_s),
                                          wait=tenacity.wait_fixed(0.05), reraise=True):
             with attempt:
                 return ref()

@@ -339,13 +339,10 @@ def test_a_fault_that_fails_is_recorded_and_the_run_goes_on(
 
 
 def test_a_process_fault_waits_for_a_target_that_is_being_restarted(
-    net: ChaosNet, sleepers: dict[str, subprocess.Popen], monkeypatch: pytest.MonkeyPatch
+    net: ChaosNet, sleepers: dict[str, subprocess.Popen]
 ) -> None:
-    """A kill that lands while its proc is being restarted kills the new one once it is there;
-    a target that never comes back is an error after TARGET_WAIT_S."""
-    from regent.chaos import runner as runner_module
-
-    monkeypatch.setattr(runner_module, "TARGET_WAIT_S", 1.0)
+    """With target_wait_s, a kill that lands while its proc is being restarted kills the new one
+    once it is there; a target that never comes back is an error after the wait."""
     victim = sleepers["standby"]
     there_at = time.monotonic() + 0.3
 
@@ -358,7 +355,7 @@ def test_a_process_fault_waits_for_a_target_that_is_being_restarted(
         raise ProcessLookupError("no live controller right now")
 
     schedule = Schedule((Fault("kill", "standby", at_s=0.0), Fault("kill", "controller", at_s=0.0)))
-    with ScheduleRunner(schedule, net, {"standby": restarting, "controller": never}) as runner:
+    with ScheduleRunner(schedule, net, {"standby": restarting, "controller": never}, target_wait_s=1.0) as runner:
         assert runner.wait(10)
     assert victim.wait(5) == -signal.SIGKILL
     assert len(runner.errors) == 1 and "no live controller" in runner.errors[0]
