@@ -96,7 +96,7 @@ _current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(
 MAX_ORIGIN = 4000  # characters of a call's origin path (wire.schema.Origin allows 4096)
 
 
-@dataclass
+@dataclass(slots=True)
 class CallSite:
     """The call an actor's code is running under: what the ids of the calls it makes derive
     from. The k-th call made while running call (seq, origin) at actor[point] has the id

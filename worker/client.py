@@ -78,7 +78,6 @@ class ActorClient:
         self._asks: dict[int, tuple[str, set[str]]] = {}  # request "n" -> (host agent, procs asked about)
         self._timer: asyncio.TimerHandle | None = None
         self._dead_s = _dead_after_s()
-        self.sent = 0
 
     def send(self, kind: Kind, target: Target, seq: int, actor: str, point: int, origin: str, method: str,
              digest: bytes, frames: Any, extra: dict | None = None) -> asyncio.Future:
@@ -101,7 +100,6 @@ class ActorClient:
 
     def _transmit(self, o: _Outgoing) -> None:
         o.sent_at = time.monotonic()
-        self.sent += 1
         self.rt._send(o.target.address, wire.encode(o.kind, {**o.meta, "e": self.rt.fence.epoch}, o.frames))
 
     # --- answers ---------------------------------------------------------------------

@@ -7,6 +7,8 @@ reverse. Each carries enough context for a person to act on it. The wire's own e
 
 from __future__ import annotations
 
+import traceback
+
 from regent.wire.errors import MessageTooLarge, ProtocolError, RegentError
 
 __all__ = [
@@ -85,4 +87,10 @@ def outcome_error(status: str, meta: dict, actor: str, method: str) -> RegentErr
     if status == "divergence":
         return DivergenceError(f"{actor}.{method}: {meta.get('em')}")
     return None
+
+
+def error_fields(e: BaseException) -> dict[str, str]:
+    """What an answer says of an exception: its type, message and traceback (each bounded)."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return {"et": type(e).__qualname__, "em": str(e)[:4000], "tb": tb[-16000:]}
 

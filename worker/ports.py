@@ -25,7 +25,7 @@ from regent import wire
 from regent.wire import Kind
 from regent.worker.actor import _calling
 from regent.worker.client import Target
-from regent.worker.errors import ActorError
+from regent.worker.errors import ActorError, error_fields
 from regent.worker.remote import _site
 
 if TYPE_CHECKING:
@@ -57,7 +57,8 @@ class Port:
     def exception(self, exc: BaseException) -> None:
         """Fail the receiver's next `recv` (or the call a response port answers) with `exc`,
         which reaches the caller as an ActorError."""
-        self._put(("e", _failure(exc)))
+        f = error_fields(exc)
+        self._put(("e", (f["et"], f["em"], f["tb"])))
 
     def _put(self, item: tuple) -> None:
         client, site = _site("a send to a port")
@@ -75,13 +76,6 @@ class Port:
         frames, digest = wire.dumps_call((self.id, item, sender, n), {})
         fut = client.send(Kind.CALL, self.target, site.seq, PORT_ACTOR, 0, origin, "send", digest, frames)
         fut.add_done_callback(lambda f: _log_undelivered(f, self))
-
-
-def _failure(exc: BaseException) -> tuple[str, str, str]:
-    import traceback
-
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return type(exc).__qualname__, str(exc)[:4000], tb[-16000:]
 
 
 def _log_undelivered(f: asyncio.Future, port: Port) -> None:

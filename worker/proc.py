@@ -26,7 +26,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -64,7 +63,7 @@ from regent.worker.actor import (
 from regent.worker.classref import load_class
 from regent.worker.client import ActorClient, Target
 from regent.worker.dedupe import CallIdentity, DedupeCache
-from regent.worker.errors import ActorExit, DivergenceError
+from regent.worker.errors import ActorExit, DivergenceError, error_fields
 from regent.worker.fencing import EpochFence
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
@@ -686,7 +685,7 @@ class ProcRuntime(_HostWatch):
         self._finish(seq, actor, point, "ok", frames=frames, o=o)
 
     def _finish_error(self, seq: int, actor: str, point: int, e: BaseException, o: str = "") -> None:
-        self._finish(seq, actor, point, "err", o=o, **_error_fields(e))
+        self._finish(seq, actor, point, "err", o=o, **error_fields(e))
 
     def _result_meta(self, seq: int, actor: str, point: int, status: str, **extra: Any) -> dict:
         meta = {"sid": self.session, "s": seq, "a": actor, "pt": point, "st": status}
@@ -747,7 +746,7 @@ class ProcRuntime(_HostWatch):
 
         def failed(e: Exception) -> None:
             if rt:
-                self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "err", n=n, **_error_fields(e)))
+                self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "err", n=n, **error_fields(e)))
 
         slot = self._construct(actor, point, meta, inc, payload, failed, CallSite(-1, f"restart{inc}", actor, point))
         if slot is None:
@@ -865,12 +864,6 @@ def _cleanup_args(hook: Any, exc: BaseException | None) -> tuple:
     except (TypeError, ValueError):  # no signature to read (a builtin): give it the argument
         takes = True
     return (exc,) if takes else ()
-
-
-def _error_fields(e: BaseException) -> dict[str, str]:
-    """What a result says of an exception: its type, message and traceback (each bounded)."""
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    return {"et": type(e).__qualname__, "em": str(e)[:4000], "tb": tb[-16000:]}
 
 
 def main(argv: list[str] | None = None) -> None:

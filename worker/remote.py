@@ -99,7 +99,7 @@ class RemoteStream:
 
     def _take(self, pos: int) -> tuple[Point, Any]:
         meta, payload = self._left.pop(pos).result()
-        return point_of(self._ref._dims, pos), _decode(meta, payload, self._ref.name, self._method)
+        return point_of(self._ref.dims, pos), _decode(meta, payload, self._ref.name, self._method)
 
     def _ready(self) -> int | None:
         return next((pos for pos, f in self._left.items() if f.done()), None)
@@ -126,8 +126,28 @@ class RemoteStream:
         return self._take(pos)
 
 
+class _MeshRef:
+    """What both references share: pickled as their fields, shaped by `dim_items` over `targets`."""
+
+    dim_items: tuple[tuple[str, int], ...]
+    targets: tuple[Target, ...]
+
+    def __reduce__(self) -> tuple:
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self.dim_items)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        return size_of(self.dims, dim)
+
+
 @dataclass(frozen=True, eq=False)
-class ActorMeshRef:
+class ActorMeshRef(_MeshRef):
     """A mesh of actors as an actor holds it. Endpoints are attributes, with the controller's
     adverbs; `slice` and `size` as on an ActorMesh."""
 
@@ -141,28 +161,11 @@ class ActorMeshRef:
     keys: tuple[str, ...]  # stable ids of the procs (a digest names these, not addresses)
     epoch: int = 0
 
-    def __reduce__(self) -> tuple:
-        return ActorMeshRef, tuple(getattr(self, f.name) for f in fields(self))
-
     def __regent_digest__(self) -> tuple:
         return ("actor-mesh", self.session, self.name, self.dim_items, self.ranks, self.keys)
 
-    @property
-    def _dims(self) -> dict[str, int]:
-        return dict(self.dim_items)
-
-    @property
-    def dims(self) -> dict[str, int]:
-        return dict(self.dim_items)
-
-    def __len__(self) -> int:
-        return len(self.ranks)
-
-    def size(self, dim: str | Sequence[str] | None = None) -> int:
-        return size_of(self._dims, dim)
-
     def slice(self, **sel: int | slice) -> ActorMeshRef:
-        dims, picked = select(self._dims, list(range(len(self.ranks))), sel)
+        dims, picked = select(self.dims, list(range(len(self.targets))), sel)
         return ActorMeshRef(self.session, self.name, self.class_name, self.endpoints, tuple(dims.items()),
                             tuple(self.ranks[i] for i in picked), tuple(self.targets[i] for i in picked),
                             tuple(self.keys[i] for i in picked), self.epoch)
@@ -183,7 +186,7 @@ class ActorMeshRef:
         return RemoteEndpoint(self, name)
 
     def __repr__(self) -> str:
-        return f"ActorMeshRef({self.name!r}, {self.class_name}, {self._dims})"
+        return f"ActorMeshRef({self.name!r}, {self.class_name}, {self.dims})"
 
 
 class RemoteEndpoint:
@@ -205,14 +208,14 @@ class RemoteEndpoint:
 
     def call(self, *args: Any, **kwargs: Any) -> RemoteFuture:
         """Call every member; the future holds a ValueMesh."""
-        dims = self._ref._dims
+        dims = self._ref.dims
         return RemoteFuture(self._send(range(len(self._ref)), args, kwargs), lambda vs: ValueMesh(dims, vs),
                             self._ref.name, self._method)
 
     def call_one(self, *args: Any, **kwargs: Any) -> RemoteFuture:
         if len(self._ref) != 1:
             raise ValueError(f"call_one needs a mesh of one actor, {self._ref.name} has {len(self._ref)} "
-                             f"{self._ref._dims}: slice it first")
+                             f"{self._ref.dims}: slice it first")
         return RemoteFuture(self._send([0], args, kwargs), lambda vs: vs[0], self._ref.name, self._method)
 
     def choose(self, *args: Any, **kwargs: Any) -> RemoteFuture:
@@ -241,7 +244,7 @@ def _log_failed(f: asyncio.Future, ref: ActorMeshRef, method: str, pos: int) -> 
 
 
 @dataclass(frozen=True, eq=False)
-class ProcMeshRef:
+class ProcMeshRef(_MeshRef):
     """A mesh of procs as an actor holds it: `spawn` actors on it from inside an actor."""
 
     session: str
@@ -250,21 +253,8 @@ class ProcMeshRef:
     keys: tuple[str, ...]
     epoch: int = 0
 
-    def __reduce__(self) -> tuple:
-        return ProcMeshRef, tuple(getattr(self, f.name) for f in fields(self))
-
     def __regent_digest__(self) -> tuple:
         return ("proc-mesh", self.session, self.dim_items, self.keys)
-
-    @property
-    def dims(self) -> dict[str, int]:
-        return dict(self.dim_items)
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def size(self, dim: str | Sequence[str] | None = None) -> int:
-        return size_of(self.dims, dim)
 
     def slice(self, **sel: int | slice) -> ProcMeshRef:
         dims, picked = select(self.dims, list(range(len(self.targets))), sel)
