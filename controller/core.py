@@ -28,7 +28,7 @@ class Outcome:
 
     def __init__(self, status: str, meta: dict, frames: Sequence[Any], lsn: int = -1,
                  journaled: bool = False):
-        self.status = status  # ok | err | fenced | divergence | noactor | dead | exit | lost
+        self.status = status  # ok | err | fenced | divergence | noactor | dead | exit | lost | unjournaled
         self.meta = meta
         self.frames = frames
         self.lsn = lsn

@@ -31,7 +31,7 @@ from regent.controller.replay import (
     ReplayIndex,
     covered,
 )
-from regent.journal.errors import LeadershipLost
+from regent.journal.errors import JournalUnavailable, LeadershipLost
 from regent.worker.dedupe import LARGE_RESULT_BYTES
 from regent.worker.errors import SupervisionError, outcome_error
 
@@ -413,6 +413,8 @@ class Engine:
             raise error
         if st == "fenced":
             raise LeadershipLost(f"{who} refused {call.method}: {meta.get('em')}")
+        if st == "unjournaled":
+            raise JournalUnavailable(f"{who}.{call.method}: {meta.get('em')}")
         if st == "lost":
             self.lost = LostResultError(str(meta.get("em")))
             raise self.lost

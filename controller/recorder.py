@@ -18,6 +18,7 @@ from regent import wire
 from regent.controller.core import Outcome, PendingCall
 from regent.controller.engine import NEVER_DURABLE, Append, Collect, Engine
 from regent.controller.replay import CALLS, RESULTS
+from regent.journal.errors import LeadershipLost
 
 log = structlog.get_logger("regent.session")
 
@@ -70,6 +71,8 @@ class Recorder:
             # Never durable: the watermark stays below it, or workers would release a result
             # that a standby could find neither in the journal nor on the worker.
             self.engine.journaled_at(call.seq, NEVER_DURABLE)
+            if effect.durable:
+                _withhold(outcome, point, e)
             return
         self.engine.journaled_at(call.seq, lsn)
 
@@ -107,6 +110,19 @@ class Recorder:
                     "the proc holding it lives; move bulk data through RDMA buffers, or raise "
                     "REGENT_JOURNAL_VALUE_BYTES", seq=call.seq, endpoint=f"{call.actor}.{call.method}",
                     point=point, bytes=size, limit=self.engine.value_limit)
+
+
+def _withhold(outcome: Outcome, point: int, error: Exception) -> None:
+    """An outcome that had to be durable before the program saw it, and is not: the program
+    sees why instead, since a standby would see something else (invariant 4). A supervision
+    failure it acted on (say, by calling again) would be a call no journal holds."""
+    what = f"its {outcome.status} outcome could not be journaled ({error})"
+    if isinstance(error, LeadershipLost):
+        outcome.status, outcome.meta = "fenced", {"pt": point, "em": f"{what}; another controller leads now"}
+    else:
+        outcome.status, outcome.meta = "unjournaled", {"pt": point, "em": f"{what}; check the journal's store, "
+                                                       "then start the program again to replay it"}
+    outcome.frames = []
 
 
 def _not_started(item: Any) -> None:

@@ -19,8 +19,9 @@ from regent.controller.engine import (
     Reads,
     Releases,
 )
+from regent.controller.recorder import Recorder
 from regent.controller.replay import CALL, OBS, RESULT, START, NonDeterminismError, ReplayIndex
-from regent.journal import Record
+from regent.journal import JournalUnavailable, LeadershipLost, Record
 from regent.worker.dedupe import LARGE_RESULT_BYTES
 
 # --- the durability rule ----------------------------------------------------------------
@@ -155,6 +156,44 @@ def test_each_outcome_gets_the_record_its_kind_needs() -> None:
     assert dead.durable  # a supervision failure may differ between runs: durable first
     assert engine.outcome_record(call, 0, Outcome("fenced", {}, []), 0, 1.0) is None
     assert Engine("s", None, journaled=False).outcome_record(call, 0, small, 1, 1.0) is None
+
+
+class _FailingWriter:
+    """A writer that takes records but can never make them durable (deposed, or store down)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def collector(self, kind):
+        return lambda item: None
+
+    def submit(self, kind, data, lazy=False) -> int:
+        return 7
+
+    def wait_durable(self, lsn, timeout=None) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error, status, raises", [
+    (LeadershipLost("another controller holds the lease"), "fenced", LeadershipLost),
+    (JournalUnavailable("etcd at 127.0.0.1:2379 did not answer"), "unjournaled", JournalUnavailable),
+])
+def test_a_supervision_failure_that_cannot_be_made_durable_is_not_shown(error, status, raises) -> None:
+    """The program would act on a failure a standby never sees (say, call again under a new
+    seq): it sees why the journal failed instead (invariant 4)."""
+    engine = Engine("s.r1", None)
+    call = _pending(engine)
+    recorder = Recorder(engine, on_exit=lambda *a: None)
+    recorder.use(_FailingWriter(error))
+    outcome = Outcome("dead", {"em": "proc p0 died"}, [])
+    recorder.record(call, 0, outcome)
+    assert outcome.status == status and "dead outcome could not be journaled" in outcome.meta["em"]
+    with pytest.raises(raises, match="could not be journaled"):
+        engine.decode(call, outcome)
+    assert engine.releases.marks[-1] == (call.seq, NEVER_DURABLE)
+    plain = Outcome("err", {"et": "E", "em": "m"}, [])  # a plain value may be journaled later
+    recorder.record(call, 0, plain)
+    assert plain.status == "err"
 
 
 def test_the_watermark_stays_below_outcomes_not_yet_durable() -> None:
