@@ -18,6 +18,7 @@ from regent.controller.futures import Future, Point, ValueMesh
 from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
 from regent.worker.client import Target
+from regent.worker.ports import Port
 from regent.worker.remote import ActorMeshRef, ProcMeshRef, actor_ref, proc_ref
 from regent.worker.shape import select, size_of
 from regent.worker.system import Bootstrap, ProcGroup
@@ -325,6 +326,30 @@ class Endpoint:
         self._mesh._session._call(self._mesh, self._method, args, kwargs, "broadcast", self._mesh._view.ranks, sink)
 
 
+    def send(self, args: tuple = (), kwargs: Mapping[str, Any] | None = None, port: Port | None = None,
+             selection: str = "all") -> None:
+        """Monarch's `send(endpoint, args, kwargs, port, selection)`: fire and forget to every
+        member ("all") or to one the session picks ("choose", journaled like choose's). Without
+        a port it is a broadcast (an Exception fails the actor); with one, each member's value or
+        error goes to the port (an endpoint taking a response port gets that port)."""
+        mesh = self._mesh
+        ranks = _selected(selection, mesh._view.ranks)
+        if port is not None and not isinstance(port, Port):
+            raise TypeError(f"send(port=...) takes a Port (from s.open_port() or Channel.open()), got {type(port).__name__}")
+        sink = BroadcastSink(mesh.name, self._method, what="a send failed on one actor")
+        mesh._session._call(mesh, self._method, tuple(args), dict(kwargs or {}), "broadcast", ranks, sink,
+                            answer_to=port)
+
+
+def _selected(selection: str, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The ranks a send goes to: all of them, or None for the session to choose one."""
+    if selection == "all":
+        return ranks
+    if selection == "choose":
+        return None
+    raise ValueError(f"selection={selection!r}: send() takes 'all' or 'choose'")
+
+
 # --- sinks: how outcomes of a call reach the program --------------------------------
 
 
@@ -434,9 +459,12 @@ class StreamSink:
 
 
 class BroadcastSink:
-    def __init__(self, actor: str, method: str):
+    """Outcomes nobody reads (a broadcast, a send): a failure is logged."""
+
+    def __init__(self, actor: str, method: str, what: str = "broadcast failed on one actor"):
         self.actor = actor
         self.method = method
+        self.what = what
         self.decode = None
         self.call: Any = None
 
@@ -446,5 +474,5 @@ class BroadcastSink:
             import structlog
 
             structlog.get_logger("regent.controller").warning(
-                "broadcast failed on one actor", actor=self.actor, endpoint=self.method,
+                self.what, actor=self.actor, endpoint=self.method,
                 point=point, status=outcome.status, error=outcome.meta.get("em"))

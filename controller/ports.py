@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from regent.controller.mesh import HostMesh
-from regent.worker.ports import Mapped, Port, unwrap
+from regent import wire
+from regent.controller.mesh import BroadcastSink, HostMesh
+from regent.wire import Kind
+from regent.worker.ports import PORT_ACTOR, Mapped, Port, unwrap
 from regent.worker.system import PortServer
 
 if TYPE_CHECKING:
@@ -47,6 +49,22 @@ class ControllerPorts:
         self._opened += 1
         port: Any = self._server.port.call_one(pid).get()
         return port, PortReceiver(self._server, pid)
+
+    def send(self, port: Port, item: tuple) -> None:
+        """A value the program sends to a port an actor opened: a journaled call to the
+        `__port__` endpoint of the proc owning it, which delivers it once under the call's seq.
+        Fire and forget, as in an actor; an undelivered value is logged."""
+        s = self._s
+        if port.session != s.sid:
+            raise ValueError(f"port {port.id} belongs to session {port.session!r}, not to this one ({s.sid!r})")
+        proc = s.runtime.procs.get(port.target.proc)
+        if proc is None:
+            raise ValueError(f"port {port.id} is on proc {port.target.proc}, which this program did not spawn (an "
+                             "actor's own proc, or one replaced since): have an actor send to it")
+        frames, digest = wire.dumps_call((port.id, item), {})
+        s.runtime.refuse_oversized_call(PORT_ACTOR, "send", frames)
+        s._issue_call(Kind.CALL, "call_one", PORT_ACTOR, "send", frames, digest, [proc], (0,),
+                      BroadcastSink(PORT_ACTOR, "send", what="a value sent to a port was not delivered"))
 
     def _hosts(self) -> HostMesh:
         procs = self._s._lifecycle.procs

@@ -47,7 +47,8 @@ from regent.journal import LeadershipLost
 from regent.wire import Kind
 from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.logsetup import configure_logging
-from regent.worker.ports import Port, offer_controller_ports
+from regent.worker.ports import Port
+from regent.worker.program import offer_program
 
 log = structlog.get_logger("regent.session")
 T = TypeVar("T")
@@ -121,7 +122,8 @@ class Session:
         self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)
         self._ports: ControllerPorts | None = None
-        offer_controller_ports(self.open_port)  # Channel.open() in this program
+        self._own_proc: ProcMesh | None = None
+        offer_program(self)  # this_proc(), Channel.open() and Port.send in this program
         self._checkpoints = Checkpoints(self)
         self._get_hook, self._flush_hook, self._decode_hook = self._get, self.runtime.flush, self._engine.decode
 
@@ -168,7 +170,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        offer_controller_ports(self.open_port, withdraw=True)
+        offer_program(self, withdraw=True)
         if self._faults.undelivered():
             log.warning("actor failures nothing handled came after the program's last session call; "
                         "the unhandled-fault hook was not called for them", session=self.name,
@@ -309,15 +311,19 @@ class Session:
     # --- the call path -------------------------------------------------------------------
 
     def _call(self, mesh: ActorMesh, method: str, args: tuple, kwargs: dict, kind: str,
-              ranks: tuple[int, ...] | None, sink: Any) -> PendingCall:
+              ranks: tuple[int, ...] | None, sink: Any, answer_to: Port | None = None) -> PendingCall:
+        """`answer_to`: Monarch's send(..., port=); the port goes first in the arguments."""
+        if answer_to is not None:
+            args = (answer_to, *args)
         frames, digest = wire.dumps_call(args, kwargs)
         self.runtime.refuse_oversized_call(mesh.name, method, frames)
         return self._issue_call(Kind.CALL, kind, mesh.name, method, frames, digest, mesh._procs, ranks, sink,
-                                choose_from=mesh if ranks is None else None)
+                                choose_from=mesh if ranks is None else None, answer_to=answer_to is not None)
 
     def _issue_call(self, wire_kind: Kind, kind: str, actor: str, method: str, frames: list, digest: bytes,
                     procs: list[ProcRef], ranks: tuple[int, ...] | None, sink: Any,
-                    metas: list[dict] | None = None, choose_from: ActorMesh | None = None) -> PendingCall:
+                    metas: list[dict] | None = None, choose_from: ActorMesh | None = None,
+                    answer_to: bool = False) -> PendingCall:
         engine = self._engine
         if ranks is None:  # choose: the pick is journaled durably before anything is sent
             seq, jc = self._begin(kind, actor, method, digest, None, durable_first=True)
@@ -342,7 +348,9 @@ class Session:
                         unavailable[r] = str(e)
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
-        if kind == "broadcast":
+        if answer_to:
+            base["rp"] = True  # its answer, error or value, goes to the port in its first argument
+        elif kind == "broadcast":
             base["bc"] = True  # nobody reads its result: an error fails the actor, as in Monarch
         runtime, edge = self.runtime, self._edge
         with self._drive.lock:
@@ -453,6 +461,21 @@ class Session:
                     bootstrap: Callable[[], Any] | None = None) -> ProcMesh:
         """Procs on this host: shorthand for `s.this_host().spawn_procs(per_host, bootstrap)`."""
         return self.this_host().spawn_procs(per_host, bootstrap)
+
+    def this_proc(self) -> ProcMesh:
+        """The program's own proc (Monarch's `this_proc()` in the client): one proc on this
+        controller's machine, spawned on first use, for actors the program keeps near it. Unlike
+        Monarch's it is not the controller's own process: it outlives the controller, and a
+        standby adopts it as it adopts every proc (docs/monarch.md)."""
+        if self._own_proc is None:  # at the same point of the program on every replay
+            self._own_proc = self.this_host().spawn_procs(per_host={"procs": 1})
+        return self._own_proc
+
+    def send_to_port(self, port: Port, item: tuple) -> None:
+        """`port.send(v)` in the program: a journaled call to the proc that owns the port."""
+        if self._ports is None:
+            self._ports = ControllerPorts(self)
+        self._ports.send(port, item)
 
     def open_port(self) -> tuple[Port, PortReceiver]:
         """A port actors can send values to, and its receiver in this program (Monarch's

@@ -25,10 +25,13 @@ _EXPORTS = {
          "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint"),
         "regent.controller"),
     "RestartPolicy": "regent.worker.supervision",
+    **dict.fromkeys(("Accumulator", "ActorMeshRef", "Channel", "Port", "PortReceiver", "ProcMeshRef", "send",
+                     "this_host", "this_proc"), "regent.worker"),
 }
 
 __all__ = [
-    "Actor", "ActorError", "ActorMesh", "DivergenceError", "Endpoint", "FencedError", "Future",
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "ActorMeshRef", "Channel", "Port", "PortReceiver",
+    "ProcMeshRef", "send", "this_host", "this_proc", "DivergenceError", "Endpoint", "FencedError", "Future",
     "HostMesh", "LeadershipLost", "MeshFailure", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh",
     "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh", "concurrent_endpoint",
     "context", "current_rank", "current_size", "endpoint",
@@ -73,5 +76,16 @@ if TYPE_CHECKING:
         current_rank,
         current_size,
         endpoint,
+    )
+    from regent.worker import (
+        Accumulator,
+        ActorMeshRef,
+        Channel,
+        Port,
+        PortReceiver,
+        ProcMeshRef,
+        send,
+        this_host,
+        this_proc,
     )
     from regent.worker.supervision import RestartPolicy

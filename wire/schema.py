@@ -72,6 +72,7 @@ class Call(TypedDict):
     rt: NotRequired[Address]  # where the result goes
     o: NotRequired[Origin]  # made by an actor, not by the controller
     bc: NotRequired[bool]  # a broadcast: an Exception fails the actor rather than answer
+    rp: NotRequired[bool]  # the first argument is the Port the answer goes to (Monarch's send(port=))
 
 
 class Owner(TypedDict):

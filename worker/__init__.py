@@ -22,12 +22,13 @@ from regent.worker.errors import (
     SupervisionError,
 )
 from regent.worker.ports import Accumulator, Channel, Port, PortReceiver
-from regent.worker.remote import ActorMeshRef, ProcMeshRef, RemoteFuture, this_proc
+from regent.worker.remote import ActorMeshRef, ProcMeshRef, RemoteFuture, send, this_host, this_proc
 from regent.worker.shape import Point, ValueMesh
 from regent.worker.supervision import RestartPolicy
 
 __all__ = [
     "Accumulator", "Actor", "ActorContext", "ActorError", "ActorMeshRef", "Channel", "DivergenceError",
     "FencedError", "MessageTooLarge", "Point", "Port", "PortReceiver", "ProcMeshRef", "ProtocolError", "RegentError", "RemoteFuture", "RestartPolicy", "SupervisionError",
-    "ValueMesh", "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint", "this_proc",
+    "ValueMesh", "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint", "send", "this_host",
+    "this_proc",
 ]

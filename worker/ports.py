@@ -23,9 +23,9 @@ import structlog
 
 from regent import wire
 from regent.wire import Kind
-from regent.worker.actor import _calling
 from regent.worker.client import Target
 from regent.worker.errors import ActorError, error_fields
+from regent.worker.program import program_side
 from regent.worker.remote import _site
 
 if TYPE_CHECKING:
@@ -61,6 +61,10 @@ class Port:
         self._put(("e", (f["et"], f["em"], f["tb"])))
 
     def _put(self, item: tuple) -> None:
+        program = program_side("a send to a port")
+        if program is not None:  # the controller program's send: a journaled call
+            program.send_to_port(self, item)
+            return
         client, site = _site("a send to a port")
         rt = client.rt
         if self.target.address == rt.inbox.address:  # ours: no message, and no sender to run again
@@ -137,18 +141,6 @@ class Received:
         return self._value()
 
 
-_controller_ports: list[Callable[[], tuple[Port, Any]]] = []  # open sessions' `open_port`, in this process
-
-
-def offer_controller_ports(open_port: Callable[[], tuple[Port, Any]], *, withdraw: bool = False) -> None:
-    """A Session opened (or closed) in this process: `Channel.open()` outside an actor uses it."""
-    if withdraw:
-        if open_port in _controller_ports:
-            _controller_ports.remove(open_port)
-    else:
-        _controller_ports.append(open_port)
-
-
 class Channel:
     """Monarch's `Channel.open()`: a new (Port, PortReceiver) pair, owned by the running actor's
     proc; in the controller program, the session's `s.open_port()` (its values are journaled).
@@ -159,11 +151,9 @@ class Channel:
 
     @staticmethod
     def open() -> tuple[Port, Any]:
-        if _calling.get() is None and _controller_ports:
-            if len(_controller_ports) > 1:
-                raise RuntimeError("Channel.open() outside an actor with several sessions open: call "
-                                   "s.open_port() on the one whose program receives")
-            return _controller_ports[0]()
+        program = program_side("Channel.open()")
+        if program is not None:
+            return program.open_port()
         client, site = _site("Channel.open() (in the controller program: s.open_port())")
         rt = client.rt
         pid = f"c{site.seq}:{site.child()}"  # the same on a re-run of the opening call

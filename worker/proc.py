@@ -67,7 +67,7 @@ from regent.worker.errors import ActorExit, DivergenceError, error_fields
 from regent.worker.fencing import EpochFence
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
-from regent.worker.ports import PORT_ACTOR, ProcPorts
+from regent.worker.ports import PORT_ACTOR, Port, ProcPorts
 from regent.worker.remote import install_client
 from regent.worker.shape import Point
 from regent.worker.supervision import MeshFailure
@@ -424,7 +424,7 @@ class ProcRuntime(_HostWatch):
             self._finish(seq, actor, point, "err", o=o, et="AttributeError",
                          em=f"{type(slot.instance).__name__} has no endpoint {method!r}", tb="")
             return
-        slot.mailbox.append((seq, point, method, payload, o, meta.get("bc", False)))
+        slot.mailbox.append((seq, point, method, payload, o, _how(meta)))
         if not slot.busy:
             self._drain(slot)
 
@@ -546,7 +546,7 @@ class ProcRuntime(_HostWatch):
         has run to its first await (the next message is taken on the loop's next turn)."""
         slot.busy = True
         while slot.mailbox:
-            seq, point, method, payload, o, bc = slot.mailbox.popleft()
+            seq, point, method, payload, o, how = slot.mailbox.popleft()
             if slot.failed is not None:  # a child's failure it did not handle: this message finds it failed
                 self._exit(slot, seq, point, ActorExit(slot.failed, normal=False), o=o)
                 return
@@ -555,10 +555,11 @@ class ProcRuntime(_HostWatch):
                     return  # an async __supervise__ holds the mailbox until it returns
                 continue
             fn, run, explicit = slot.endpoint(method)
-            port = self._response_port(slot, seq, point, o) if explicit else None
+            # A send with a port gives an explicit-port endpoint that port, not its call's own.
+            port = self._response_port(slot, seq, point, o) if explicit and how != "rp" else None
             if run is not _Run.INLINE:
                 self._async_running += 1
-                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o, port, bc))
+                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o, port, how))
                 slot.tasks.add(task)
                 task.add_done_callback(slot.tasks.discard)
                 if run is _Run.CONCURRENT:
@@ -566,25 +567,32 @@ class ProcRuntime(_HostWatch):
                 return
             token = _current.set(slot.ctx)
             site = _calling.set(CallSite(seq, o, slot.name, point))
+            answer_to = None
             try:
-                args, kwargs = wire.loads(payload)
+                args, kwargs, answer_to = _arguments(payload, how)
                 slot.executions += 1
-                value = fn(*args, **kwargs) if port is None else fn(port, *args, **kwargs)
+                first = port or (answer_to if explicit else None)
+                value = fn(*args, **kwargs) if first is None else fn(first, *args, **kwargs)
             except ActorExit as e:
                 self._exit(slot, seq, point, e, o=o)
                 return
             except Exception as e:  # an error the endpoint raised: it goes back to the caller
-                if bc:  # no caller reads a broadcast's answer: the actor fails instead
+                if how == "bc":  # no caller reads a broadcast's answer: the actor fails instead
                     self._fail(slot, seq, point, method, e, o=o)
                     return
-                self._answer_error(seq, slot.name, point, e, o, port)
+                if answer_to is not None:
+                    self._answer_port(seq, slot.name, point, o, answer_to, error=e)
+                else:
+                    self._answer_error(seq, slot.name, point, e, o, port)
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
                 self._fail(slot, seq, point, method, e, o=o)
                 return
             else:
-                if port is None:
+                if answer_to is not None:
+                    self._answer_port(seq, slot.name, point, o, answer_to, None if explicit else (value,))
+                elif port is None:
                     self._finish_value(seq, slot.name, point, value, o=o)
             finally:
                 _calling.reset(site)
@@ -596,21 +604,26 @@ class ProcRuntime(_HostWatch):
             self._drain(slot)
 
     async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list,
-                         run: _Run, o: str = "", port: Any = None, bc: bool = False) -> None:
+                         run: _Run, o: str = "", port: Any = None, how: str = "") -> None:
         token = _current.set(slot.ctx)
         _calling.set(CallSite(seq, o, slot.name, point))  # this task's own context
+        answer_to, explicit = None, slot.endpoint(method)[2]
         try:
-            args, kwargs = wire.loads(payload)
+            args, kwargs, answer_to = _arguments(payload, how)
+            first = port or (answer_to if explicit else None)
             slot.executions += 1
-            value = await (fn(*args, **kwargs) if port is None else fn(port, *args, **kwargs))
+            value = await (fn(*args, **kwargs) if first is None else fn(first, *args, **kwargs))
         except ActorExit as e:
             self._exit(slot, seq, point, e, o=o)
             return
         except Exception as e:
-            if bc:
+            if how == "bc":
                 self._fail(slot, seq, point, method, e, o=o)
                 return
-            self._answer_error(seq, slot.name, point, e, o, port)
+            if answer_to is not None:
+                self._answer_port(seq, slot.name, point, o, answer_to, error=e)
+            else:
+                self._answer_error(seq, slot.name, point, e, o, port)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:  # noqa: BLE001 - the actor fails; its mailbox must not stay parked
@@ -623,13 +636,30 @@ class ProcRuntime(_HostWatch):
             self._fail(slot, seq, point, method, e, o=o)
             return
         else:
-            if port is None:
+            if answer_to is not None:
+                self._answer_port(seq, slot.name, point, o, answer_to, None if explicit else (value,))
+            elif port is None:
                 self._finish_value(seq, slot.name, point, value, o=o)
         finally:
             _current.reset(token)
             self._async_running -= 1
         if run is _Run.TASK and slot.ended is None:
             self._drain(slot)
+
+    def _answer_port(self, seq: int, actor: str, point: int, o: str, answer_to: Port,
+                     value: tuple | None = None, error: Exception | None = None) -> None:
+        """Monarch's send(..., port=): the endpoint's value (`(v,)`; None: an explicit-port
+        endpoint answered the port itself) or its error goes to that port, from this call's
+        site, so a re-run sends it under the same id. The call itself is answered with None."""
+        try:
+            if error is not None:
+                answer_to.exception(error)
+            elif value is not None:
+                answer_to.send(value[0])
+        except Exception as e:  # the port refused it (closed, or not of this session)
+            self._finish_error(seq, actor, point, e, o=o)
+            return
+        self._finish(seq, actor, point, "ok", o=o)
 
     def _answer_error(self, seq: int, actor: str, point: int, e: Exception, o: str, port: Any) -> None:
         """An endpoint raised: its caller gets the error, unless it was answered through its port already."""
@@ -855,6 +885,22 @@ class ProcRuntime(_HostWatch):
             self.outbox.drop(rt)
             return
         self.loop.call_later(0.002, self._flush, rt)
+
+
+def _how(meta: dict) -> str:
+    """How a call is answered: "rp", to the port its first argument is (Monarch's send with a
+    port); "bc", nowhere, so an error fails the actor (a broadcast); "", to its caller."""
+    return "rp" if meta.get("rp") else "bc" if meta.get("bc") else ""
+
+
+def _arguments(payload: list, how: str) -> tuple[tuple, dict, Port | None]:
+    """A call's arguments, and the port its answer goes to (for "rp")."""
+    args, kwargs = wire.loads(payload)
+    if how != "rp":
+        return args, kwargs, None
+    if not args or not isinstance(args[0], Port):
+        raise TypeError(f"a send with a port carries the port as its first argument, got {type(args[0]).__name__ if args else 'none'}")
+    return tuple(args[1:]), kwargs, args[0]
 
 
 def _cleanup_args(hook: Any, exc: BaseException | None) -> tuple:

@@ -26,6 +26,7 @@ from regent.worker.actor import CallSite, _calling, endpoint_names
 from regent.worker.classref import class_ref
 from regent.worker.client import ActorClient, Target
 from regent.worker.errors import FencedError, SupervisionError, outcome_error
+from regent.worker.program import program_side
 from regent.worker.shape import Point, ValueMesh, point_of, select, size_of
 
 log = structlog.get_logger("regent.actor")
@@ -195,7 +196,7 @@ class RemoteEndpoint:
     def __init__(self, ref: ActorMeshRef, method: str):
         self._ref, self._method = ref, method
 
-    def _send(self, positions: Sequence[int], args: tuple, kwargs: dict,
+    def _post(self, positions: Sequence[int], args: tuple, kwargs: dict,
               extra: dict | None = None) -> list[asyncio.Future]:
         ref = self._ref
         client, site = _site(f"a call of {ref.name}.{self._method}")
@@ -209,30 +210,48 @@ class RemoteEndpoint:
     def call(self, *args: Any, **kwargs: Any) -> RemoteFuture:
         """Call every member; the future holds a ValueMesh."""
         dims = self._ref.dims
-        return RemoteFuture(self._send(range(len(self._ref)), args, kwargs), lambda vs: ValueMesh(dims, vs),
+        return RemoteFuture(self._post(range(len(self._ref)), args, kwargs), lambda vs: ValueMesh(dims, vs),
                             self._ref.name, self._method)
 
     def call_one(self, *args: Any, **kwargs: Any) -> RemoteFuture:
         if len(self._ref) != 1:
             raise ValueError(f"call_one needs a mesh of one actor, {self._ref.name} has {len(self._ref)} "
                              f"{self._ref.dims}: slice it first")
-        return RemoteFuture(self._send([0], args, kwargs), lambda vs: vs[0], self._ref.name, self._method)
+        return RemoteFuture(self._post([0], args, kwargs), lambda vs: vs[0], self._ref.name, self._method)
 
     def choose(self, *args: Any, **kwargs: Any) -> RemoteFuture:
         """Call one member. The pick follows from the call's id, so the same call run again
         picks the same member (and finds the call there)."""
+        return RemoteFuture(self._post([self._pick()], args, kwargs), lambda vs: vs[0], self._ref.name, self._method)
+
+    def _pick(self) -> int:
         _, site = _site(f"a call of {self._ref.name}.{self._method}")
-        pos = zlib.crc32(f"{site.seq}/{site.origin}/{site.made}".encode()) % len(self._ref)
-        return RemoteFuture(self._send([pos], args, kwargs), lambda vs: vs[0], self._ref.name, self._method)
+        return zlib.crc32(f"{site.seq}/{site.origin}/{site.made}".encode()) % len(self._ref)
+
+    def send(self, args: tuple = (), kwargs: Mapping[str, Any] | None = None, port: Any = None,
+             selection: str = "all") -> None:
+        """Monarch's send() from an actor: to every member, or one ("choose"); without a port a
+        broadcast, with one each member's value or error goes to it (docs/monarch.md)."""
+        if selection not in ("all", "choose"):
+            raise ValueError(f"selection={selection!r}: send() takes 'all' or 'choose'")
+        positions = range(len(self._ref)) if selection == "all" else [self._pick()]
+        args, kwargs = tuple(args), dict(kwargs or {})
+        if port is not None:
+            args, extra = (port, *args), {"rp": True}
+        else:
+            extra = {"bc": True}
+        ref, method = self._ref, self._method
+        for pos, f in zip(positions, self._post(positions, args, kwargs, extra), strict=True):
+            f.add_done_callback(lambda f, pos=pos: _log_failed(f, ref, method, pos))
 
     def stream(self, *args: Any, **kwargs: Any) -> RemoteStream:
-        return RemoteStream(self._ref, self._method, self._send(range(len(self._ref)), args, kwargs))
+        return RemoteStream(self._ref, self._method, self._post(range(len(self._ref)), args, kwargs))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every member without waiting. An Exception it raises fails the member (its
         owner's `__supervise__` hears of it), as in Monarch; a failure is logged here."""
         ref, method = self._ref, self._method
-        for pos, f in enumerate(self._send(range(len(ref)), args, kwargs, {"bc": True})):
+        for pos, f in enumerate(self._post(range(len(ref)), args, kwargs, {"bc": True})):
             f.add_done_callback(lambda f, pos=pos: _log_failed(f, ref, method, pos))
 
 
@@ -300,9 +319,34 @@ def actor_ref(session: str, name: str, actor_class: type, dims: Mapping[str, int
                         tuple(dims.items()), tuple(ranks), tuple(targets), tuple(keys), epoch)
 
 
-def this_proc() -> ProcMeshRef:
-    """The proc the running actor lives on, as a one-proc mesh (Monarch's `this_proc()`)."""
+def this_proc() -> Any:
+    """The proc the running actor lives on, as a one-proc mesh (Monarch's `this_proc()`). In the
+    controller program: the program's own proc, on the controller's machine (`s.this_proc()`)."""
+    program = program_side("this_proc()")
+    if program is not None:
+        return program.this_proc()
     client, _ = _site("this_proc()")
     rt = client.rt
     return proc_ref(rt.session, {"procs": 1}, [Target(rt.inbox.address, rt.proc_id, rt.host_inbox)],
                     [rt.proc_id], rt.fence.epoch)
+
+
+def send(endpoint: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None, port: Any = None,
+         selection: str = "all") -> None:
+    """Monarch's `send(endpoint, args, kwargs, port=None, selection="all")`: fire and forget to
+    the endpoint's mesh (or one member of it, "choose"); with `port`, each answer goes there. For
+    an endpoint of the program's ActorMesh and of an actor's ActorMeshRef alike."""
+    endpoint.send(args, kwargs, port, selection)
+
+
+def this_host() -> Any:
+    """The controller program's machine as a HostMesh (Monarch's `this_host()`; `s.this_host()`).
+    An actor cannot spawn procs yet, so inside one this raises."""
+    program = program_side("this_host()")
+    if program is not None:
+        return program.this_host()
+    if _calling.get() is not None:
+        raise RuntimeError("this_host() in an actor: an actor cannot spawn procs in regent yet (host agents "
+                           "key spawns by the controller's seq). Spawn the procs in the controller program "
+                           "and pass the ProcMesh to the actor, which can spawn actors on it")
+    raise RuntimeError("this_host() outside an actor needs an open Session in this process")

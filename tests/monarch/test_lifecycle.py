@@ -190,3 +190,29 @@ def test_a_bootstrap_that_raises_fails_spawn_procs_naming_the_error(session):
         session.spawn_procs(per_host={"procs": 1}, bootstrap=_broken_boot)
     with pytest.raises(TypeError, match="plain function"):
         session.spawn_procs(per_host={"procs": 1}, bootstrap=asyncio.sleep)
+
+
+class Pid(Actor):
+    @endpoint
+    def where(self) -> tuple[int, str]:
+        import os
+        import socket
+
+        return os.getpid(), socket.gethostname()
+
+
+def test_this_proc_in_the_program_is_one_proc_of_its_own_on_this_machine(session):
+    """Monarch's test_this_proc_on_root_client, with regent's difference: the proc is not the
+    controller's process (it outlives it, for a standby to adopt), but it is on its machine."""
+    import os
+    import socket
+
+    from regent.worker import this_host, this_proc
+
+    mine = this_proc()  # the one session open in this process: the module's
+    assert mine is this_proc() is session.this_proc() and mine.dims == {"hosts": 1, "procs": 1}
+    pid, host = mine.spawn("pid", Pid).where.call_one().get(timeout=30)
+    assert pid != os.getpid() and host == socket.gethostname()
+    assert this_host().dims == {"hosts": 1}
+    with Session("monarch-this-proc-2"), pytest.raises(RuntimeError, match="2 sessions open"):
+        this_proc()

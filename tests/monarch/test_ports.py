@@ -219,3 +219,43 @@ def test_channel_open_in_the_controller_program_is_the_sessions_port(procs):
     s.send.broadcast(send)
     for i in range(100):
         assert i == recv.recv().get(timeout=30)
+
+
+class Inbox(Actor):
+    """Opens a channel in __init__ and hands its port out: the controller program sends to it."""
+
+    def __init__(self) -> None:
+        self.port, self.rx = Channel.open()
+
+    @endpoint
+    def where(self) -> Port:
+        return self.port
+
+    @endpoint
+    def take(self, n: int) -> list:
+        out = []
+        for _ in range(n):
+            try:
+                out.append(self.rx.recv().get(timeout=30))
+            except ActorError as e:
+                out.append(f"{e.exc_type}: {e.message}")
+        return out
+
+
+def test_the_controller_program_sends_to_a_port_an_actor_opened(procs):
+    inbox = procs.slice(procs=1).spawn("inbox", Inbox)
+    port = inbox.where.call_one().get(timeout=30)
+    for v in ("a", "b", "c"):
+        port.send(v)
+    port.exception(KeyError("no more"))
+    assert inbox.take.call_one(4).get(timeout=30) == ["a", "b", "c", "KeyError: 'no more'"]
+
+
+def test_a_port_of_another_session_or_an_unknown_proc_is_refused_by_name(session, procs):
+    inbox = procs.slice(procs=0).spawn("inbox-2", Inbox)
+    port = inbox.where.call_one().get(timeout=30)
+    with pytest.raises(ValueError, match="belongs to session 'elsewhere'"):
+        Port("elsewhere", port.target, port.id).send(1)
+    stranger = type(port.target)(port.target.address, "no-such-proc", port.target.host)
+    with pytest.raises(ValueError, match="which this program did not spawn"):
+        Port(port.session, stranger, port.id).send(1)

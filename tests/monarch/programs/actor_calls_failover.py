@@ -1,6 +1,7 @@
 """A controller program for the actor-call failover test: actors that call other actors
 through meshes they were given (at spawn, as arguments), spawn their own child meshes, and
-call with every adverb, and send values into a port the controller opened, while the test
+call with every adverb, send values into a port the controller opened (their own, and their
+answers to Monarch's send()) and receive what the program sends into theirs, while the test
 SIGKILLs successive primaries.
 
 `Store` counts every call it runs by token; each token names one call an actor made, so a
@@ -17,7 +18,16 @@ import sys
 import time
 
 from regent.controller import Session
-from regent.worker import Actor, ActorMeshRef, Channel, Port, current_rank, endpoint, this_proc
+from regent.worker import (
+    Actor,
+    ActorMeshRef,
+    Channel,
+    Port,
+    current_rank,
+    endpoint,
+    send,
+    this_proc,
+)
 
 
 class Store(Actor):
@@ -64,6 +74,15 @@ class Relay(Actor):
         self.store = store
         self.me = current_rank().rank
         self.child = this_proc().spawn(f"aux{self.me}", Store)
+        self.port, self.rx = Channel.open()  # the controller program sends into it
+
+    @endpoint
+    def inbox(self) -> Port:
+        return self.port
+
+    @endpoint
+    def drain(self, n: int) -> list:
+        return [self.rx.recv().get(timeout=60) for _ in range(n)]
 
     def _token(self, tag: str, i: int) -> str:
         return f"{tag}{i}r{self.me}"
@@ -119,6 +138,8 @@ def main() -> None:
         store = procs.spawn("store", Store)
         relay = procs.spawn("relay", Relay, store)
         port, rx = s.open_port()
+        mine = this_proc().spawn("mine", Store)  # the program's own proc, on this machine
+        inbox = relay.slice(procs=0).inbox.call_one().get()
         out: list = []
         for i in range(steps):
             k = i % 6
@@ -132,15 +153,21 @@ def main() -> None:
                 relay.forward.broadcast("b", i)
             elif k == 5:
                 out.append(relay.slice(procs=(i // 6 + 2) % 3).collect.call_one("p", i).get())
-            else:  # every relay sends two values to the controller's port
+            elif i // 6 % 2 == 0:  # every relay sends two values to the controller's port
                 relay.produce_into.broadcast(port, i)
                 out.append(sorted(rx.recv().get() for _ in range(6)))
+            else:  # Monarch's send(), answers into the port; the program's own port sends and proc
+                send(store.put, (f"s{i}", i), {}, port=port)
+                send(mine.put, (f"sc{i}", i + 1), {}, port=port, selection="choose")
+                inbox.send((i, "from the program"))
+                got = sorted(rx.recv().get() for _ in range(4))
+                out.append([got, relay.slice(procs=0).drain.call_one(1).get(), mine.put.call_one(f"m{i}", i).get()])
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
         # Each relay answers after its broadcast forwards finished (per-sender FIFO), so the
         # stores' reports, read after, count every call.
         children = relay.children.call().get().values()
-        reports = store.report.call().get().values()
+        reports = store.report.call().get().values() + [mine.report.call_one().get()]
         print(json.dumps({"out": out, "reports": reports, "children": children, "role": s.role}), flush=True)
 
 
