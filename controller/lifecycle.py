@@ -184,7 +184,7 @@ class Lifecycle:
         sink = GatherSink(mesh._view)
         self.s._issue_call(Kind.STOP, "stop", mesh.name, "__stop__", [], b"", mesh._procs, mesh._view.ranks, sink)
         sink.future.get()
-        if len(mesh._view) == len(mesh._procs):
+        if len(mesh._view) == len(mesh._procs) and mesh._class is not None:  # not a mesh an actor spawned
             self.actor_names.discard(mesh.name)
             self.s._supervisor.meshes.pop(mesh.name, None)  # a mesh stopped is not restarted
 

@@ -19,7 +19,7 @@ from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
 from regent.worker.client import Target
 from regent.worker.ports import Port
-from regent.worker.remote import ActorMeshRef, ProcMeshRef, actor_ref, proc_ref
+from regent.worker.remote import ActorMeshRef, ProcMeshRef, proc_ref
 from regent.worker.shape import select, size_of
 from regent.worker.system import Bootstrap, ProcGroup
 
@@ -220,13 +220,31 @@ class ActorMesh:
     """One actor per proc of a proc mesh; endpoints are attributes."""
 
     def __init__(self, session: Session, name: str, actor_class: type, procs: list[ProcRef], dims: dict[str, int], view: View | None = None):
+        self._init(session, name, actor_class, actor_class.__name__, frozenset(endpoint_names(actor_class)), procs,
+                   dims, view or View.full(dims))
+
+    def _init(self, session: Session, name: str, actor_class: type | None, class_name: str,
+              endpoints: frozenset[str], procs: list[ProcRef], dims: dict[str, int], view: View) -> None:
         self._session = session
         self._name = name
-        self._class = actor_class
+        self._class = actor_class  # None for a mesh an actor spawned
+        self._class_name, self._endpoints = class_name, endpoints
         self._procs = procs  # indexed by root rank
         self._root_dims = dims
-        self._view = view or View.full(dims)
-        self._endpoints = endpoint_names(actor_class)
+        self._view = view
+
+    @classmethod
+    def of_ref(cls, session: Session, ref: ActorMeshRef, procs: list[ProcRef]) -> ActorMesh:
+        """A mesh an actor spawned, as the program calls it through a reference an actor sent
+        back: `procs` are the session's procs its members live on, in the reference's order.
+        Its calls are the program's, journaled as every call is."""
+        by_rank: list[Any] = [None] * (max(ref.ranks) + 1)
+        for r, p in zip(ref.ranks, procs, strict=True):
+            by_rank[r] = p
+        mesh = cls.__new__(cls)
+        mesh._init(session, ref.name, None, ref.class_name, ref.endpoints, by_rank, ref.dims,
+                   View(ref.dims, tuple(ref.ranks)))
+        return mesh
 
     @property
     def name(self) -> str:
@@ -244,7 +262,10 @@ class ActorMesh:
         return self._view.size(dim)
 
     def slice(self, **sel: int | slice) -> ActorMesh:
-        return ActorMesh(self._session, self._name, self._class, self._procs, self._root_dims, self._view.slice(**sel))
+        mesh = ActorMesh.__new__(ActorMesh)
+        mesh._init(self._session, self._name, self._class, self._class_name, self._endpoints, self._procs,
+                   self._root_dims, self._view.slice(**sel))
+        return mesh
 
     def stop(self) -> None:
         self._session._lifecycle.stop_actors(self)
@@ -261,21 +282,22 @@ class ActorMesh:
     def _ref(self) -> ActorMeshRef:
         ranks = self._view.ranks
         procs = [self._procs[r] for r in ranks]
-        return actor_ref(self._session.sid, self._name, self._class, self._view.dims, ranks,
-                         [_target(p) for p in procs], [p.key for p in procs], self._session.epoch)
+        return ActorMeshRef(self._session.sid, self._name, self._class_name, self._endpoints,
+                            tuple(self._view.dims.items()), tuple(ranks), tuple(_target(p) for p in procs),
+                            tuple(p.key for p in procs), self._session.epoch)
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._endpoints:
             raise AttributeError(
-                f"{self._class.__name__} has no endpoint {name!r} (endpoints: {sorted(self._endpoints)})"
+                f"{self._class_name} has no endpoint {name!r} (endpoints: {sorted(self._endpoints)})"
             )
         ep = self.__dict__[name] = Endpoint(self, name)  # found directly from now on
         return ep
 
     def __repr__(self) -> str:
-        return f"ActorMesh({self._name!r}, {self._class.__name__}, {self.dims})"
+        return f"ActorMesh({self._name!r}, {self._class_name}, {self.dims})"
 
 
 class Endpoint:

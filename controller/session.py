@@ -38,7 +38,7 @@ from regent.controller.faults import Faults, MeshFailure
 from regent.controller.futures import Future
 from regent.controller.lifecycle import Lifecycle
 from regent.controller.loop import run as run_on_loop
-from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink
+from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, StreamSink, View
 from regent.controller.ports import ControllerPorts, PortReceiver
 from regent.controller.recorder import Recorder, append
 from regent.controller.refs import ProcRef, Wire
@@ -49,6 +49,7 @@ from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.logsetup import configure_logging
 from regent.worker.ports import Port
 from regent.worker.program import offer_program
+from regent.worker.remote import ActorMeshRef, ProcMeshRef
 
 log = structlog.get_logger("regent.session")
 T = TypeVar("T")
@@ -470,6 +471,23 @@ class Session:
         if self._own_proc is None:  # at the same point of the program on every replay
             self._own_proc = self.this_host().spawn_procs(per_host={"procs": 1})
         return self._own_proc
+
+    def mesh_of(self, ref: ActorMeshRef | ProcMeshRef) -> ActorMesh | ProcMesh:
+        """The mesh a reference names, as this program calls it: a reference an actor sent back
+        (a mesh it spawned, its own proc). Its calls, spawns and stops are the program's own,
+        journaled; a mesh an actor spawned stays that actor's to supervise."""
+        if ref.session != self.sid:
+            raise ValueError(f"{ref!r} belongs to session {ref.session!r}, not to this one ({self.sid!r})")
+        procs = []
+        for t in ref.targets:
+            proc = self.runtime.procs.get(t.proc)
+            if proc is None:
+                raise ValueError(f"{ref!r} is on proc {t.proc}, which this program did not spawn (or one replaced "
+                                 "since): have the actor send the mesh again")
+            procs.append(proc)
+        if isinstance(ref, ActorMeshRef):
+            return ActorMesh.of_ref(self, ref, procs)
+        return ProcMesh(self, procs, View.full(ref.dims))
 
     def send_to_port(self, port: Port, item: tuple) -> None:
         """`port.send(v)` in the program: a journaled call to the proc that owns the port."""

@@ -1,5 +1,6 @@
 """The controller program's answer to names an actor uses: `this_proc()`, `this_host()`,
-`Channel.open()` and `Port.send` outside an actor go to the Session open in this process.
+`Channel.open()`, `Port.send` and the adverbs of a mesh reference outside an actor go to the
+Session open in this process.
 
 A Session offers itself when it opens and withdraws when it closes. Everything it does for
 these names is a journaled call of the program, so a standby replays it (docs/design.md,
@@ -20,6 +21,7 @@ class ProgramSide(Protocol):
     def this_proc(self) -> Any: ...
     def this_host(self) -> Any: ...
     def send_to_port(self, port: Any, item: tuple) -> None: ...
+    def mesh_of(self, ref: Any) -> Any: ...
 
 
 _open: list[ProgramSide] = []  # the sessions open in this process, oldest first

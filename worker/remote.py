@@ -173,6 +173,10 @@ class ActorMeshRef(_MeshRef):
 
     def stop(self) -> None:
         """Stop these actors (blocks until they are gone)."""
+        program = program_side(f"stopping {self.name}")
+        if program is not None:
+            program.mesh_of(self).stop()
+            return
         client, site = _site(f"stopping {self.name}")
         origin = site.child()
         futures = [client.send(Kind.STOP, t, site.seq, self.name, r, origin, "__stop__", b"", [])
@@ -184,6 +188,9 @@ class ActorMeshRef(_MeshRef):
             raise AttributeError(name)
         if name not in self.endpoints:
             raise AttributeError(f"{self.class_name} has no endpoint {name!r} (endpoints: {sorted(self.endpoints)})")
+        program = program_side(f"a call of {self.name}.{name}")
+        if program is not None:  # the program calls a mesh an actor spawned: its calls are journaled
+            return getattr(program.mesh_of(self), name)
         return RemoteEndpoint(self, name)
 
     def __repr__(self) -> str:
@@ -287,6 +294,9 @@ class ProcMeshRef(_MeshRef):
         stopped when its owner ends (docs/design.md, "Calls made by actors")."""
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"actor mesh name {name!r} must be a non-empty string")
+        program = program_side(f"spawning {name}")
+        if program is not None:  # a proc mesh an actor sent back: the program's spawn, supervised as any
+            return program.mesh_of(self).spawn(name, actor_class, *args, **kwargs)
         client, site = _site(f"spawning {name}")
         origin = site.child()
         frames = wire.dumps((class_ref(actor_class), args, kwargs))
@@ -311,12 +321,6 @@ class ProcMeshRef(_MeshRef):
 def proc_ref(session: str, dims: Mapping[str, int], targets: Sequence[Target], keys: Sequence[str],
              epoch: int = 0) -> ProcMeshRef:
     return ProcMeshRef(session, tuple(dims.items()), tuple(targets), tuple(keys), epoch)
-
-
-def actor_ref(session: str, name: str, actor_class: type, dims: Mapping[str, int], ranks: Sequence[int],
-              targets: Sequence[Target], keys: Sequence[str], epoch: int = 0) -> ActorMeshRef:
-    return ActorMeshRef(session, name, actor_class.__name__, frozenset(endpoint_names(actor_class)),
-                        tuple(dims.items()), tuple(ranks), tuple(targets), tuple(keys), epoch)
 
 
 def this_proc() -> Any:

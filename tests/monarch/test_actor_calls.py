@@ -22,6 +22,7 @@ from regent.worker import (
     this_proc,
 )
 from regent.worker.errors import ActorExit
+from regent.worker.program import offer_program
 
 
 class Counter(Actor):
@@ -126,6 +127,10 @@ class Caller(Actor):
         return mesh.incr.call(5).get(timeout=30).values()
 
     @endpoint
+    def own_proc(self) -> ProcMeshRef:
+        return this_proc()
+
+    @endpoint
     def read(self, mesh: ActorMeshRef) -> int:
         return mesh.value.call_one().get(timeout=30)
 
@@ -179,10 +184,15 @@ def test_a_mesh_pickles_to_a_reference_without_its_session(counters):
         ref.nope  # noqa: B018
 
 
-def test_a_reference_called_outside_an_actor_says_where_to_call_from(counters):
+def test_a_reference_called_in_the_program_is_its_mesh_and_outside_any_session_says_where(session, counters):
     ref = pickle.loads(pickle.dumps(counters))
-    with pytest.raises(RuntimeError, match="only be made by an actor"):
-        ref.value.call()
+    assert ref.value.call().get(timeout=30).values() == counters.value.call().get(timeout=30).values()
+    offer_program(session, withdraw=True)
+    try:
+        with pytest.raises(RuntimeError, match="only be made by an actor"):
+            ref.value.call()
+    finally:
+        offer_program(session)
 
 
 def test_a_mesh_passed_at_spawn_is_kept_in_state_and_called_from_a_sync_endpoint(caller, counters):
@@ -239,6 +249,20 @@ def test_an_actor_spawns_a_child_mesh_on_its_own_proc_and_returns_it(caller):
     assert caller.read.call_one(child).get(timeout=30) == 41
     with pytest.raises(ActorError, match="already lives"):
         caller.spawn_child.call_one("child", 0).get(timeout=60)
+
+
+def test_the_program_calls_stops_and_spawns_on_meshes_an_actor_sent_back(caller):
+    child = caller.spawn_child.call_one("returned", 60).get(timeout=60)
+    assert child.value.call_one().get(timeout=30) == 61  # a journaled call of the program's
+    child.incr.broadcast(2)
+    assert child.slice(procs=0).value.call_one().get(timeout=30) == 63
+    assert caller.read.call_one(child).get(timeout=30) == 63
+    child.stop()
+    with pytest.raises(SupervisionError):
+        child.value.call_one().get(timeout=30)
+    assert caller.spawn_child.call_one("returned", 0).get(timeout=60).value.call_one().get(timeout=30) == 1
+    here = caller.own_proc.call_one().get(timeout=30)
+    assert here.spawn("placed-by-program", Counter, 5).value.call_one().get(timeout=30) == 5
 
 
 def test_an_actor_spawns_on_a_proc_mesh_it_was_given(procs, caller):

@@ -1,7 +1,8 @@
 """A controller program for the actor-call failover test: actors that call other actors
 through meshes they were given (at spawn, as arguments), spawn their own child meshes, and
 call with every adverb, send values into a port the controller opened (their own, and their
-answers to Monarch's send()) and receive what the program sends into theirs, while the test
+answers to Monarch's send()) and receive what the program sends into theirs; the program also
+calls a mesh an actor spawned and uses a proc of its own (this_proc()), while the test
 SIGKILLs successive primaries.
 
 `Store` counts every call it runs by token; each token names one call an actor made, so a
@@ -81,6 +82,10 @@ class Relay(Actor):
         return self.port
 
     @endpoint
+    def aux(self) -> ActorMeshRef:
+        return self.child
+
+    @endpoint
     def drain(self, n: int) -> list:
         return [self.rx.recv().get(timeout=60) for _ in range(n)]
 
@@ -140,6 +145,7 @@ def main() -> None:
         port, rx = s.open_port()
         mine = this_proc().spawn("mine", Store)  # the program's own proc, on this machine
         inbox = relay.slice(procs=0).inbox.call_one().get()
+        aux = relay.slice(procs=1).aux.call_one().get()  # a mesh an actor spawned, called by the program
         out: list = []
         for i in range(steps):
             k = i % 6
@@ -161,7 +167,8 @@ def main() -> None:
                 send(mine.put, (f"sc{i}", i + 1), {}, port=port, selection="choose")
                 inbox.send((i, "from the program"))
                 got = sorted(rx.recv().get() for _ in range(4))
-                out.append([got, relay.slice(procs=0).drain.call_one(1).get(), mine.put.call_one(f"m{i}", i).get()])
+                out.append([got, relay.slice(procs=0).drain.call_one(1).get(), mine.put.call_one(f"m{i}", i).get(),
+                            aux.put.call_one(f"x{i}", i).get()])
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
         # Each relay answers after its broadcast forwards finished (per-sender FIFO), so the
