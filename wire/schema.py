@@ -53,7 +53,7 @@ Paths = Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=4
 
 # What a worker says became of a call; what a host agent says became of a request.
 ResultStatus = Literal["ok", "err", "exit", "dead", "noactor", "divergence", "fenced"]
-HostStatus = Literal["ok", "err", "fenced", "stopped"]
+HostStatus = Literal["ok", "err", "fenced", "stopped", "divergence"]
 HostOp = Literal["hello", "spawn_procs", "respawn_proc", "stop_session", "stop_procs", "list"]
 
 
@@ -197,6 +197,7 @@ class HostRequest(TypedDict):
     rt: Address
     orphan_s: NotRequired[Seconds | None]
     s: NotRequired[Seq]  # spawn_procs: its call id
+    o: NotRequired[Origin]  # spawn_procs made by an actor: the rest of its call id
     d: NotRequired[Digest]  # spawn_procs: the digest of its shape (a reused id is a divergence)
     count: NotRequired[Annotated[int, Meta(ge=1, le=1024)]]
     envs: NotRequired[Annotated[list[Env], Meta(max_length=1024)]]
@@ -228,6 +229,7 @@ class ProcAdopt(TypedDict):
     n: NotRequired[RequestId]
     orphan_s: NotRequired[Seconds]
     s: NotRequired[Seq]
+    o: NotRequired[Origin]  # the starting spawn_procs was an actor's
     size: NotRequired[Annotated[int, Meta(ge=1, le=1024)]]
     pos: NotRequired[Index]
     old: NotRequired[Name]

@@ -42,7 +42,7 @@ class _Adoption:
         """A spawn this agent has no record of: maybe one whose procs have yet to adopt."""
         if op == "spawn_procs":
             seq = meta.get("s")
-            return not isinstance(seq, int) or seq not in state.spawns
+            return not isinstance(seq, int) or (seq, meta.get("o") or "") not in state.spawns
         old = meta.get("old")
         # One that died under this agent was alive when the old agent died: not replaced by it.
         return not isinstance(old, str) or old not in state.respawns and old not in state.exited_ids
@@ -108,14 +108,16 @@ class _Adoption:
                                                                proc.index))
         else:
             seq, size, pos, digest = meta.get("s"), meta.get("size"), meta.get("pos"), meta.get("d")
+            origin = meta.get("o") or ""
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, size, pos)) \
-                    or not 0 <= pos < size <= 1024 or not (digest is None or isinstance(digest, bytes)):
+                    or not 0 <= pos < size <= 1024 or not (digest is None or isinstance(digest, bytes)) \
+                    or not isinstance(origin, str):
                 return  # started by hand, or by an agent that did not say: nothing to dedupe
-            req = state.spawns.get(seq)
+            req = state.spawns.get((seq, origin))
             if req is None:
                 identity = _RequestIdentity("spawn_procs", size, -1, digest)
-                req = state.spawns[seq] = _SpawnRequest(sid, seq, identity, [], [], time.monotonic(), size,
-                                                        proc.index - pos)
+                req = state.spawns[(seq, origin)] = _SpawnRequest(sid, seq, identity, [], [], time.monotonic(),
+                                                                  size, proc.index - pos, origin=origin)
             elif req.identity != _RequestIdentity("spawn_procs", size, -1, digest):
                 log.warning("an adopted proc names a spawn this agent knows otherwise; not counted as its proc",
                             session=sid, proc=proc.id, seq=seq)
@@ -147,5 +149,5 @@ class _Adoption:
                         if pos not in have:
                             req.procs.append(self._start_proc(
                                 sid, state, req.first + pos, _env_at(envs, pos), path,
-                                _spawn_origin(req.seq, req.identity, pos)))
+                                _spawn_origin(req.seq, req.identity, pos, req.origin)))
                     req.started = time.monotonic()

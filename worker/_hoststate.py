@@ -79,14 +79,17 @@ class _SpawnRequest:
     first: int  # index of its first proc
     answered: dict | None = None
     refill: tuple[list, list] | None = None  # envs and path for procs that died with the old agent
+    origin: str = ""  # a spawn an actor made: the rest of its call id (docs/design.md)
 
     def complete(self) -> bool:
         return len(self.procs) == self.size and all(p.addr for p in self.procs)
 
 
-def _spawn_origin(seq: int, identity: _RequestIdentity, pos: int) -> list[str]:
+def _spawn_origin(seq: int, identity: _RequestIdentity, pos: int, origin: str = "") -> list[str]:
     """The argv naming a spawn_procs request to its proc at `pos`, which tells a successor agent."""
     argv = ["--spawn-seq", str(seq), "--spawn-size", str(identity.size), "--spawn-pos", str(pos)]
+    if origin:
+        argv += ["--spawn-origin", origin]
     if identity.digest is not None:
         argv += ["--spawn-digest", identity.digest.hex()]
     return argv
@@ -97,7 +100,7 @@ class _SessionState:
     fence: EpochFence = field(default_factory=EpochFence)
     controllers: set[str] = field(default_factory=set)
     procs: dict[str, _Proc] = field(default_factory=dict)
-    spawns: dict[int, _SpawnRequest] = field(default_factory=dict)
+    spawns: dict[tuple[int, str], _SpawnRequest] = field(default_factory=dict)  # by (seq, origin)
     respawns: dict[str, _SpawnRequest] = field(default_factory=dict)  # by the id of the proc replaced
     next_index: int = 0
     undelivered: list[dict] = field(default_factory=list)  # deaths seen before any controller said hello

@@ -155,3 +155,11 @@ class Actor:
     @property
     def context(self) -> ActorContext:
         return context()
+
+
+class Bootstrap(Actor):
+    """Runs `spawn_procs(bootstrap=fn)`'s `fn` once in its proc, as its `__init__` (a system
+    actor, re-exported by worker/system.py; here so that mesh references can spawn it)."""
+
+    def __init__(self, fn: object) -> None:
+        fn()  # type: ignore[operator]

@@ -68,6 +68,14 @@ class _Outgoing:
     fenced: int = 0
 
 
+@dataclass(slots=True)
+class _HostRequest:
+    host: str
+    meta: dict  # everything but the session, epoch and reply address, added when it is sent
+    future: asyncio.Future
+    sent_at: float = 0.0
+
+
 class ActorClient:
     """The calls in flight that this proc's actors made, by id."""
 
@@ -78,6 +86,7 @@ class ActorClient:
         self._asks: dict[int, tuple[str, set[str]]] = {}  # request "n" -> (host agent, procs asked about)
         self._timer: asyncio.TimerHandle | None = None
         self._dead_s = _dead_after_s()
+        self._host_out: dict[int, _HostRequest] = {}  # an actor's spawn_procs, by request "n"
 
     def send(self, kind: Kind, target: Target, seq: int, actor: str, point: int, origin: str, method: str,
              digest: bytes, frames: Any, extra: dict | None = None) -> asyncio.Future:
@@ -130,9 +139,12 @@ class ActorClient:
 
     def _tick(self) -> None:
         self._timer = None
-        if not self.out:
+        if not self.out and not self._host_out:
             return
         now = time.monotonic()
+        for req in self._host_out.values():
+            if now - req.sent_at >= RESEND_S:
+                self._transmit_host(req)
         check: dict[str, set[str]] = {}
         for o in list(self.out.values()):
             if now - o.sent_at >= RESEND_S:
@@ -149,8 +161,27 @@ class ActorClient:
                     self._asks = {n: a for n, a in self._asks.items() if a[0] != host}
                 continue
             self._ask(host, procs)
-        if self.out:
+        if self.out or self._host_out:
             self._timer = self.rt.loop.call_later(TICK_S, self._tick)
+
+    # --- requests to host agents -------------------------------------------------------
+
+    def ask_host(self, host: str, op: str, fields: dict) -> asyncio.Future:
+        """A request an actor makes of a host agent (spawn_procs under a derived id), sent
+        again every RESEND_S until answered: the agent dedupes it by its id, as a proc does a
+        call. The future gets the answer's metadata."""
+        n = next(self.rt._ack_ids)
+        req = self._host_out[n] = _HostRequest(host, {"op": op, "n": n, **fields}, self.rt.loop.create_future())
+        self._transmit_host(req)
+        if self._timer is None:
+            self._timer = self.rt.loop.call_later(TICK_S, self._tick)
+        return req.future
+
+    def _transmit_host(self, req: _HostRequest) -> None:
+        req.sent_at = time.monotonic()
+        rt = self.rt
+        meta = {**req.meta, "sid": rt.session, "e": rt.fence.epoch, "rt": rt.inbox.address}
+        rt._send(req.host, wire.encode(Kind.HOST_REQ, meta, []))
 
     def _ask(self, host: str, procs: set[str]) -> None:
         """Ask a callee's host agent which of the session's procs live there. Answered through
@@ -164,7 +195,18 @@ class ActorClient:
                                                    "rt": rt.inbox.address}, []))
 
     def on_host_reply(self, listing: dict) -> bool:
-        """A host agent's answer to `_ask`; False if it answers something else."""
+        """A host agent's answer to `_ask` or `ask_host`; False if it answers something else."""
+        req = self._host_out.get(listing.get("n")) if isinstance(listing.get("n"), int) else None
+        if req is not None:
+            if listing.get("st") == "fenced" and isinstance(listing.get("e"), int) \
+                    and listing["e"] > self.rt.fence.epoch:
+                self.rt.fence.admit(listing["e"])  # a newer controller leads: ours now, and ask again
+                self._transmit_host(req)
+                return True
+            del self._host_out[listing["n"]]
+            if not req.future.done():
+                req.future.set_result(listing)
+            return True
         found = self._asks.pop(listing.get("n"), None) if isinstance(listing.get("n"), int) else None
         if found is None:
             return False

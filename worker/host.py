@@ -182,7 +182,8 @@ class HostAgent(_Adoption):
                 self._send(rt, wire.encode(Kind.HOST_EVENT, event))
             state.undelivered = []
         elif op in ("spawn_procs", "respawn_proc"):
-            state.controllers.add(rt)
+            if not meta.get("o"):  # an actor's spawn does not make its proc a subscriber to events
+                state.controllers.add(rt)
             if self._adopting() and self._unknown_request(state, op, meta):
                 self.deferred.append(meta)
             elif op == "spawn_procs":
@@ -256,8 +257,11 @@ class HostAgent(_Adoption):
         digest = meta.get("d")
         if digest is not None and (not isinstance(digest, bytes) or len(digest) > 64):
             raise ProtocolError("spawn_procs digest 'd' is not bytes of at most 64")
+        origin = meta.get("o") or ""
+        if not isinstance(origin, str):
+            raise ProtocolError("spawn_procs origin 'o' is not a string")
         identity = _RequestIdentity("spawn_procs", count, -1, digest)
-        req = state.spawns.get(seq)
+        req = state.spawns.get((seq, origin))
         if req is not None:  # a replaying controller asks again: same procs
             if not self._same_request(rt, sid, meta.get("n"), req, identity):
                 return
@@ -276,10 +280,10 @@ class HostAgent(_Adoption):
                                                        "em": f"cannot bind procs to devices on this host: {e}"}))
             return
         first = state.next_index
-        procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path, _spawn_origin(seq, identity, i))
-                 for i in range(count)]
-        state.spawns[seq] = _SpawnRequest(sid, seq, identity, procs, [(rt, meta.get("n"))], time.monotonic(),
-                                          count, first)
+        procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path,
+                                  _spawn_origin(seq, identity, i, origin)) for i in range(count)]
+        state.spawns[(seq, origin)] = _SpawnRequest(sid, seq, identity, procs, [(rt, meta.get("n"))],
+                                                    time.monotonic(), count, first, origin=origin)
 
     def _same_request(self, rt: str, sid: str, n: object, req: _SpawnRequest, identity: _RequestIdentity) -> bool:
         """Whether a request under a known key is the one recorded there; if not, it is

@@ -68,7 +68,7 @@ from regent.worker.fencing import EpochFence
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
 from regent.worker.ports import PORT_ACTOR, Port, ProcPorts
-from regent.worker.remote import install_client
+from regent.worker.remote import OwnedProcs, install_client
 from regent.worker.shape import Point
 from regent.worker.supervision import MeshFailure
 
@@ -482,7 +482,8 @@ class ProcRuntime(_HostWatch):
         return True
 
     def owned(self, actor: str, child: Any) -> None:
-        """Actor `actor` spawned mesh `child` (an ActorMeshRef): it is stopped when the actor ends."""
+        """Actor `actor` spawned mesh `child` (an ActorMeshRef, or OwnedProcs): it is stopped when
+        the actor ends."""
         slot = self.actors.get(actor)
         if slot is not None:
             slot.children.append(child)
@@ -496,6 +497,9 @@ class ProcRuntime(_HostWatch):
 
     def _stop_meshes(self, origin: str, meshes: list) -> None:
         for k, child in enumerate(meshes):
+            if isinstance(child, OwnedProcs):  # after the meshes spawned before them, as listed
+                self.client.ask_host(child.host, "stop_procs", {"ids": list(child.ids)})
+                continue
             for rank, target in zip(child.ranks, child.targets, strict=True):
                 self.client.send(Kind.STOP, target, -1, child.name, rank, f"{origin}#{k}", "__stop__", b"", [])
 
@@ -926,6 +930,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spawn-size", type=int, default=None)
     p.add_argument("--spawn-pos", type=int, default=None)
     p.add_argument("--spawn-digest", default=None, help="the controller's digest of that spawn_procs (hex)")
+    p.add_argument("--spawn-origin", default=None, help="the rest of its call id, for a spawn an actor made")
     p.add_argument("--replaces", default=None, help="id of the proc this one was started to replace")
     p.add_argument("--epoch", type=int, default=0, help="the highest epoch its session had seen at the agent")
     a = p.parse_args(argv)
@@ -941,6 +946,8 @@ def main(argv: list[str] | None = None) -> None:
         origin.update(s=a.spawn_seq, size=a.spawn_size, pos=a.spawn_pos)
         if a.spawn_digest is not None:
             origin["d"] = bytes.fromhex(a.spawn_digest)
+        if a.spawn_origin:
+            origin["o"] = a.spawn_origin
     ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch,
                 advertise=a.advertise).run()
     sys.exit(0)

@@ -13,6 +13,7 @@ each callee runs each call once.
 from __future__ import annotations
 
 import asyncio
+import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -22,7 +23,7 @@ import structlog
 
 from regent import wire
 from regent.wire import Kind
-from regent.worker.actor import CallSite, _calling, endpoint_names
+from regent.worker.actor import Bootstrap, CallSite, _calling, endpoint_names
 from regent.worker.classref import class_ref
 from regent.worker.client import ActorClient, Target
 from regent.worker.errors import FencedError, SupervisionError, outcome_error
@@ -335,6 +336,75 @@ def this_proc() -> Any:
                     [rt.proc_id], rt.fence.epoch)
 
 
+@dataclass(frozen=True, eq=False)
+class HostMeshRef:
+    """The machine an actor runs on (`this_host()` in an actor): it spawns procs there, owned
+    by the actor, under an id derived from the call it runs (docs/design.md, "Calls made by
+    actors"), so a re-run of that call gets the same procs back from the host agent."""
+
+    session: str
+    host: str  # the host agent's inbox
+    epoch: int = 0
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return {"hosts": 1}
+
+    def __len__(self) -> int:
+        return 1
+
+    def spawn_procs(self, per_host: Mapping[str, int] | None = None,
+                    bootstrap: Callable[[], Any] | None = None) -> ProcMeshRef:
+        """`per_host` procs on this machine, as a ProcMeshRef of dims {"hosts": 1, dim: n};
+        `bootstrap` runs once in each before any actor is spawned there. Blocks until every
+        proc is up. The procs live until their owner ends (it stops them) or the session does."""
+        dim, count = _per_host(per_host)
+        if bootstrap is not None and (asyncio.iscoroutinefunction(bootstrap) or not callable(bootstrap)):
+            raise TypeError(f"bootstrap must be a plain function, not {bootstrap!r}")
+        client, site = _site("spawn_procs")
+        _, digest = wire.dumps_call((1, dim, count), {})
+        envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim} for i in range(count)]
+        future = client.ask_host(self.host, "spawn_procs", {
+            "s": site.seq, "o": site.child(), "count": count, "envs": envs, "d": digest,
+            "path": [p for p in sys.path if p]})
+        if not future.done() and not client.pump(future.done, None):
+            raise TimeoutError("spawn_procs got no answer")  # pump without a timeout returns only when done
+        reply = future.result()
+        if reply.get("st") != "ok":
+            raise SupervisionError(f"host agent at {self.host} could not spawn procs: {reply.get('em')}",
+                                   reason=str(reply.get("st")))
+        listed = sorted(reply.get("procs") or [], key=lambda p: p["idx"])
+        procs = ProcMeshRef(self.session, (("hosts", 1), (dim, count)),
+                            tuple(Target(p["addr"], p["id"], self.host) for p in listed),
+                            tuple(p["id"] for p in listed), client.rt.fence.epoch)
+        client.rt.owned(site.actor, OwnedProcs(self.host, procs.keys))
+        if bootstrap is not None:
+            procs.spawn("__regent_bootstrap__", Bootstrap, bootstrap)
+        return procs
+
+    def __repr__(self) -> str:
+        return f"HostMeshRef({self.host})"
+
+
+def _per_host(per_host: Mapping[str, int] | None) -> tuple[str, int]:
+    per_host = dict(per_host or {"procs": 1})
+    if len(per_host) != 1:
+        raise ValueError(f"per_host names one dimension, e.g. {{'procs': 4}}; got {per_host}")
+    ((dim, count),) = per_host.items()
+    if dim == "hosts" or not isinstance(dim, str) or not isinstance(count, int) or isinstance(count, bool) \
+            or not 0 < count <= 1024:
+        raise ValueError(f"per_host={per_host}: the count must be an int from 1 to 1024 and the dim not 'hosts'")
+    return dim, count
+
+
+@dataclass(frozen=True)
+class OwnedProcs:
+    """Procs an actor spawned: its proc asks their host agent to stop them when the actor ends."""
+
+    host: str
+    ids: tuple[str, ...]
+
+
 def send(endpoint: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None, port: Any = None,
          selection: str = "all") -> None:
     """Monarch's `send(endpoint, args, kwargs, port=None, selection="all")`: fire and forget to
@@ -344,13 +414,10 @@ def send(endpoint: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = Non
 
 
 def this_host() -> Any:
-    """The controller program's machine as a HostMesh (Monarch's `this_host()`; `s.this_host()`).
-    An actor cannot spawn procs yet, so inside one this raises."""
+    """The machine the running actor is on, as a HostMeshRef that spawns procs (Monarch's
+    `this_host()`). In the controller program: the program's machine, `s.this_host()`."""
     program = program_side("this_host()")
     if program is not None:
         return program.this_host()
-    if _calling.get() is not None:
-        raise RuntimeError("this_host() in an actor: an actor cannot spawn procs in regent yet (host agents "
-                           "key spawns by the controller's seq). Spawn the procs in the controller program "
-                           "and pass the ProcMesh to the actor, which can spawn actors on it")
-    raise RuntimeError("this_host() outside an actor needs an open Session in this process")
+    client, _ = _site("this_host()")
+    return HostMeshRef(client.rt.session, client.rt.host_inbox, client.rt.fence.epoch)

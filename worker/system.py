@@ -7,7 +7,9 @@ only names these classes, never loads the GPU runtime.
 
 from __future__ import annotations
 
-from regent.worker.actor import Actor, concurrent_endpoint, context, endpoint
+from regent.worker.actor import Actor, Bootstrap, concurrent_endpoint, context, endpoint
+
+__all__ = ["Bootstrap", "PortServer", "ProcGroup"]
 
 
 class ProcGroup(Actor):
@@ -59,9 +61,6 @@ class ProcGroup(Actor):
         return distributed.init_process_group(rank, self.world_size, master_addr, master_port, backend, timeout_s)
 
 
-__all__ = ["ProcGroup"]
-
-
 class PortServer(Actor):
     """Holds the receivers of the controller program's ports (`Session.open_port`), one proc of
     the session's own. Each `recv` is a journaled call of the controller's, so the value it
@@ -86,9 +85,4 @@ class PortServer(Actor):
         return await rx.recv()._fut  # type: ignore[attr-defined]
 
 
-class Bootstrap(Actor):
-    """Runs a program's `spawn_procs(bootstrap=fn)` once in its proc, as its `__init__`."""
-
-    def __init__(self, fn: object) -> None:
-        fn()  # type: ignore[operator]
 

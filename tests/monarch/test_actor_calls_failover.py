@@ -60,8 +60,9 @@ RERUN = str(Path(__file__).parent / "programs" / "actor_rerun_failover.py")
 
 def test_a_caller_run_again_after_its_proc_died_makes_the_same_calls_and_the_callee_runs_them_once(tmp_path):
     """The primary and the calling actor's proc die together: the standby re-runs the call on
-    the restarted actor (at least once), which re-issues its call to the store under the same
-    derived id; the store answers it from its cache."""
+    the restarted actor (at least once), which re-issues its call to the store, and its
+    spawn_procs, under the same derived ids; the store answers from its cache, and the host
+    agent with the proc it started."""
     c = Cluster(f"rerun-{os.getpid()}", f"sqlite://{tmp_path / 'journal.db'}", tmp_path, program=RERUN,
                 extra_env={"REGENT_TEST_DIR": str(tmp_path)})
     try:
@@ -81,7 +82,10 @@ def test_a_caller_run_again_after_its_proc_died_makes_the_same_calls_and_the_cal
         os.kill(relay_pid, signal.SIGKILL)
         result = c.finish(standby, timeout=120)
         assert (tmp_path / "relay.log").read_text().split() == ["t1", "t1"]  # the relay ran twice
-        assert (tmp_path / "store.log").read_text().split() == ["t1"]  # the store once
-        assert result == {"answer": "stored t1 as put 1", "puts": 1, "role": "standby-took-over"}
+        assert (tmp_path / "store.log").read_text().split() == ["t1", "far-t1"]  # each store once
+        first, again = (tmp_path / "spawned.log").read_text().split()
+        assert first == again  # the re-run's spawn_procs got the proc the first run started
+        assert result == {"answer": "stored t1 as put 1; stored far-t1 as put 1", "puts": 1,
+                          "role": "standby-took-over"}
     finally:
         c.stop_all()

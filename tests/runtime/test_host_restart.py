@@ -354,6 +354,33 @@ def test_a_restarted_agent_refuses_a_spawn_call_id_reused_for_another_spawn(home
         peer.close()
 
 
+def test_an_actors_spawn_is_keyed_by_seq_and_origin_and_a_restarted_agent_knows_it_again(home):
+    """An actor's spawn_procs carries the derived id's origin: under the controller's seq it is
+    another request, answered with the same procs when asked again, by this agent or (from
+    the procs' own account) by its successor."""
+    sid = f"agent-actor-spawn-{os.getpid()}"
+    host = ensure_local_host()
+    peer = RawPeer(load_credentials())
+    try:
+        mine = _ask(peer, host, sid, "spawn_procs", s=4, count=1, envs=_env(1), d=b"one")["procs"]
+        actors = _ask(peer, host, sid, "spawn_procs", s=4, o="trainer[0]#0", count=1, envs=_env(1), d=b"one")["procs"]
+        assert {p["id"] for p in mine}.isdisjoint(p["id"] for p in actors)
+        again = _ask(peer, host, sid, "spawn_procs", s=4, o="trainer[0]#0", count=1, envs=_env(1), d=b"one")["procs"]
+        assert again == actors
+        dead = _agent(home)
+        os.kill(dead["pid"], signal.SIGKILL)
+        _successor(home, dead)
+        _wait(lambda: len(_alive(peer, host, sid)) == 2, 10, "both procs adopted")
+        after = _ask(peer, host, sid, "spawn_procs", s=4, o="trainer[0]#0", count=1, envs=_env(1), d=b"one")["procs"]
+        assert [p["id"] for p in after] == [p["id"] for p in actors]
+        reply = _ask(peer, host, sid, "spawn_procs", expect="divergence", s=4, o="trainer[0]#0", count=2,
+                     envs=_env(2), d=b"one")
+        assert "spawn_procs of 1 procs" in reply["em"], reply
+        _ask(peer, host, sid, "stop_session")
+    finally:
+        peer.close()
+
+
 def test_a_restarted_agent_refuses_an_epoch_below_one_its_predecessor_saw_and_so_do_its_procs(home):
     """Epoch 7 reached only the agent (a hello); after its SIGKILL the procs start a new one,
     which refuses epoch 3 (stop_procs, hello) and tells the procs it adopts of epoch 7."""

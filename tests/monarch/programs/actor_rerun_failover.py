@@ -1,8 +1,9 @@
 """A controller program for the re-executed-caller test: a relay actor's call makes a call
-to a store, then holds. The test SIGKILLs the primary and the relay's proc together; the
+to a store, spawns a proc of its own and a store on it and calls that, then holds. The test SIGKILLs the primary and the relay's proc together; the
 standby re-runs the relay's call on the restarted relay (at least once: its proc died), which
 makes the same call to the store under the same derived id, and the store, whose proc lived,
-answers it from its dedupe cache instead of running it again.
+answers it from its dedupe cache instead of running it again; the host agent gives the re-run
+spawn the proc it started the first time, whose store answers from its cache too.
 
 Environment as tests/failover/programs/mixed.py's, plus REGENT_TEST_DIR: where the relay writes
 its pid and one line per execution, and the store one line per put it ran.
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from regent.controller import Session
-from regent.worker import Actor, ActorMeshRef, endpoint
+from regent.worker import Actor, ActorMeshRef, endpoint, this_host
 
 DIR = Path(os.environ["REGENT_TEST_DIR"])
 
@@ -50,6 +51,10 @@ class Relay(Actor):
     def forward(self, token: str) -> str:
         _note("relay.log", token)
         answer = self.store.put.call_one(token).get(timeout=60)
+        mine = this_host().spawn_procs(per_host={"procs": 1})
+        _note("spawned.log", mine.keys[0])
+        far = mine.spawn("far", Store)
+        answer += "; " + far.put.call_one(f"far-{token}").get(timeout=60)
         if not (DIR / "held").exists():  # the first execution holds until it is killed
             (DIR / "held").write_text("")
             time.sleep(600)
