@@ -101,6 +101,7 @@ class Runtime:
         self.lost_hosts: dict[str, str] = {}  # cluster hosts whose registration vanished -> why
         self.quiet: Callable[[], bool] = lambda: False  # replaying: procs' output is not printed again
         self._requests: dict[int, Future] = {}
+        self._asked_procs: dict[int, ProcRef] = {}  # ask_proc's requests in flight, by "n"
         self._req_ids = itertools.count(1)
         self._stop = threading.Event()
         self._on_proc_death: list[Callable[[ProcRef], None]] = []
@@ -193,11 +194,13 @@ class Runtime:
         n = next(self._req_ids)
         fut: Future = Future()
         self._requests[n] = fut
+        self._asked_procs[n] = proc
         try:
             self.send_to_proc(proc, wire.encode(kind, {**meta, "n": n}, frames))
             return fut.get() if fut.wait(timeout) else None
         finally:
             self._requests.pop(n, None)
+            self._asked_procs.pop(n, None)
 
     def register_host(self, host: str) -> None:
         self.hosts[host] = host
@@ -471,6 +474,10 @@ class Runtime:
             return
         proc.alive = False
         proc.death = reason
+        for n, asked in list(self._asked_procs.items()):  # a restart spawn waiting on it: no answer will come
+            fut = self._requests.get(n)
+            if asked is proc and fut is not None and not fut.done():
+                fut.set_result({"st": "dead", "em": reason})
         for call, point in self.core.on_proc_died(proc.key, reason):
             self._deliver(call, point, call.results[point])
         for cb in self._on_proc_death:

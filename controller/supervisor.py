@@ -160,6 +160,10 @@ class Supervisor:
         for r in decision.ranks:
             try:
                 self._restart_member(state, r, sup.incarnation.get(r, 1))
+            except _ProcDied as e:  # its death is a failure of its own, queued already: one restart for it
+                log.warning("a restart's proc died under it; its death restarts it again", mesh=mesh, rank=r,
+                            error=str(e))
+                return
             except Exception as e:
                 failed_again = (r, str(e))
                 break
@@ -211,9 +215,11 @@ class Supervisor:
         try:
             reply = self.runtime.ask_proc(proc, Kind.SPAWN, meta, state.frames, timeout)
         except PeerGone as e:
-            raise SupervisionError(f"{state.name}[{rank}] restart failed: {e}") from None
+            raise _ProcDied(f"{state.name}[{rank}] restart failed: {e}") from None
         if reply is None:
             raise SupervisionError(f"{state.name}[{rank}] restart got no answer within {timeout:g} s")
+        if reply.get("st") == "dead":  # its proc died while the restart waited
+            raise _ProcDied(f"{state.name}[{rank}] restart failed: {reply.get('em')}")
         if reply.get("st") != "ok":
             raise SupervisionError(
                 f"{state.name}[{rank}].__init__ raised {reply.get('et')}: {reply.get('em')} (incarnation {incarnation})")
@@ -222,6 +228,10 @@ class Supervisor:
         self._stop.set()
         self._queue.put(None)
         self._thread.join(timeout=5)
+
+
+class _ProcDied(SupervisionError):
+    """A restart failed because its proc died: the runtime reported that death as a failure."""
 
 
 def policy_of(restart: RestartPolicy | str | None) -> RestartPolicy | None:

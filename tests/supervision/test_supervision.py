@@ -130,6 +130,43 @@ def test_an_exception_in_init_on_restart_counts_as_a_failure_and_escalates(tmp_p
         assert "__init__ raised RuntimeError" in str(info.value)
 
 
+class SlowToRestart(Actor):
+    """Its first restart hangs in __init__ after writing its pid, for the test to kill."""
+
+    def __init__(self, pid_file: str) -> None:
+        if context().incarnation == 1:
+            Path(pid_file).write_text(str(os.getpid()))
+            time.sleep(120)
+
+    @endpoint
+    def info(self) -> tuple[int, int]:
+        return os.getpid(), context().incarnation
+
+
+def test_a_restart_whose_new_proc_dies_in_init_is_retried_at_once_not_after_its_timeout(tmp_path):
+    """The supervisor waits on the restart's answer; the new proc's death ends that wait (its
+    timeout is 120 s here), and the next restart replaces the proc again."""
+    pid_file = tmp_path / "restarting.pid"
+    with Session("restart-dies") as s:
+        policy = RestartPolicy(max_restarts=5, window_s=60, backoff_initial_s=0.01, restart_timeout_s=120)
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("m", SlowToRestart, str(pid_file), restart=policy)
+        first = _kill(mesh, 0)
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, s._supervisor.events
+            time.sleep(0.05)
+        hung = int(pid_file.read_text())
+        os.kill(hung, signal.SIGKILL)
+        killed_at = time.monotonic()
+        pid, incarnation = _retry_info(mesh, 0, timeout=60)
+        assert time.monotonic() - killed_at < 60  # not the restart's 120 s timeout
+        assert incarnation == 2 and pid not in (first, hung)
+        time.sleep(0.5)  # a second failure reported for the one death would restart it again by now
+        failures = [e["reason"] for e in s._supervisor.events if e["ev"] == "failure"]
+        assert [f"pid {first}" in failures[0], f"pid {hung}" in failures[1], len(failures)] == [True, True, 2], failures
+        assert mesh.info.call_one().get(timeout=10) == (pid, 2)
+
+
 def test_intensity_exceeded_escalates_to_the_program_without_a_restart_storm():
     with Session("storm") as s:
         policy = RestartPolicy(max_restarts=2, window_s=30)
