@@ -11,6 +11,7 @@ import pytest
 
 from regent import Actor, ProcMeshRef, Session, endpoint, this_host
 from regent.worker import SupervisionError
+from regent.worker.procinfo import running
 
 BOOTED = "REGENT_TEST_BOOTED"
 
@@ -82,16 +83,8 @@ def test_an_actors_procs_are_stopped_when_it_is_stopped(session):
     pids = [pid for pid, _ in owner.infos.call_one().get(timeout=60)]
     owner.stop()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(running(p) for p in pids):
         time.sleep(0.1)
-    assert not any(_alive(p) for p in pids), f"procs {pids} outlived the actor that owned them"
+    assert not any(running(p) for p in pids), f"procs {pids} outlived the actor that owned them"
     with pytest.raises(SupervisionError):
         owner.infos.call_one().get(timeout=30)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
