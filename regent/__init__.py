@@ -25,13 +25,13 @@ _EXPORTS = {
          "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint"),
         "regent.controller"),
     "RestartPolicy": "regent.worker.supervision",
-    **dict.fromkeys(("Accumulator", "ActorMeshRef", "Channel", "Port", "PortReceiver", "ProcMeshRef", "send",
-                     "this_host", "this_proc"), "regent.worker"),
+    **dict.fromkeys(("Accumulator", "ActorMeshRef", "Channel", "Port", "PortReceiver", "ProcMeshRef",
+                     "current_actor_name", "send", "this_host", "this_proc"), "regent.worker"),
 }
 
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "ActorMeshRef", "Channel", "Port", "PortReceiver",
-    "ProcMeshRef", "send", "this_host", "this_proc", "DivergenceError", "Endpoint", "FencedError", "Future",
+    "ProcMeshRef", "current_actor_name", "send", "this_host", "this_proc", "DivergenceError", "Endpoint", "FencedError", "Future",
     "HostMesh", "LeadershipLost", "MeshFailure", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh",
     "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh", "concurrent_endpoint",
     "context", "current_rank", "current_size", "endpoint",
@@ -84,6 +84,7 @@ if TYPE_CHECKING:
         Port,
         PortReceiver,
         ProcMeshRef,
+        current_actor_name,
         send,
         this_host,
         this_proc,

@@ -8,6 +8,7 @@ from regent.worker.actor import (
     ActorContext,
     concurrent_endpoint,
     context,
+    current_actor_name,
     current_rank,
     current_size,
     endpoint,
@@ -29,6 +30,7 @@ from regent.worker.supervision import RestartPolicy
 __all__ = [
     "Accumulator", "Actor", "ActorContext", "ActorError", "ActorMeshRef", "Channel", "DivergenceError",
     "FencedError", "MessageTooLarge", "Point", "Port", "PortReceiver", "ProcMeshRef", "ProtocolError", "RegentError", "RemoteFuture", "RestartPolicy", "SupervisionError",
-    "ValueMesh", "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint", "send", "this_host",
+    "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
+    "send", "this_host",
     "this_proc",
 ]

@@ -138,6 +138,12 @@ def current_rank() -> Mapping[str, int]:
     return context().point
 
 
+def current_actor_name() -> str:
+    """The running actor's name and place, as its log lines show it (Monarch's
+    `current_actor_name()`): `to{'hosts': 0/1, 'gpus': 1/2}`, one per member of a mesh."""
+    return str(context())
+
+
 def current_size() -> dict[str, int]:
     """The size of each dim of the running actor's mesh, as Monarch's `current_size()`."""
     return dict(context().sizes)

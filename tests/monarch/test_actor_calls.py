@@ -17,6 +17,7 @@ from regent.worker import (
     ProcMeshRef,
     SupervisionError,
     concurrent_endpoint,
+    current_actor_name,
     current_rank,
     endpoint,
     this_proc,
@@ -331,3 +332,23 @@ def test_a_callee_whose_proc_dies_fails_the_calling_actors_call(session):
         assert answer.startswith("failed:") and "is gone" in answer, answer
     finally:
         procs.stop()
+
+
+class To(Actor):
+    @endpoint
+    async def whoami(self) -> str:
+        return current_actor_name()
+
+
+class From(Actor):
+    @endpoint
+    async def fetch(self, to: ActorMeshRef) -> list[str]:
+        return [v async for _, v in to.whoami.stream()]
+
+
+def test_a_mesh_passed_to_a_mesh_on_other_procs_streams_each_members_name(session):
+    """Monarch's test_mesh_passed_to_mesh_on_different_proc_mesh."""
+    f = session.spawn_procs(per_host={"gpus": 2}).spawn("from", From)
+    t = session.spawn_procs(per_host={"gpus": 2}).spawn("to", To)
+    names = [n for got in f.fetch.call(t).get(timeout=60).values() for n in sorted(got)]
+    assert names == ["to{'hosts': 0/1, 'gpus': 0/2}", "to{'hosts': 0/1, 'gpus': 1/2}"] * 2
