@@ -7,7 +7,17 @@ import uuid
 
 from regent import Session
 from regent.chaos.netcluster import MultiHost
-from regent.worker import Actor, ActorMeshRef, Channel, Port, ProcMeshRef, current_rank, endpoint
+from regent.worker import (
+    Actor,
+    ActorMeshRef,
+    Channel,
+    Port,
+    ProcMeshRef,
+    current_rank,
+    endpoint,
+    send,
+    this_host,
+)
 from tests.multihost.actors import Counter
 
 
@@ -26,6 +36,12 @@ class Caller(Actor):
     @endpoint
     def spawn_on(self, procs: ProcMeshRef) -> list[int]:
         mesh = procs.spawn("spawned-by-caller", Counter)
+        return [w["netns"] for w in mesh.where.call().get(timeout=60).values()]
+
+    @endpoint
+    def spawn_procs_here(self) -> list[int]:
+        """Procs of its own, on its own host (not the controller's)."""
+        mesh = this_host().spawn_procs(per_host={"procs": 2}).spawn("counters-of-caller", Counter)
         return [w["netns"] for w in mesh.where.call().get(timeout=60).values()]
 
     @endpoint
@@ -56,3 +72,6 @@ def test_an_actor_on_one_host_calls_spawns_and_receives_on_the_others(multihost:
         port, rx = s.open_port()
         senders.send.broadcast(port)
         assert sorted(rx.recv().get(timeout=60) for _ in range(3)) == [0, 1, 2]
+        send(counters.incr, (), {}, port=port)  # Monarch's send(): each answer into the program's port
+        assert sorted(rx.recv().get(timeout=60) for _ in range(2)) == [2, 2]
+        assert caller.spawn_procs_here.call_one().get(timeout=60) == [multihost.netns_inode("h1")] * 2
