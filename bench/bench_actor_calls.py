@@ -10,7 +10,9 @@ One session, three procs: a no-op actor on proc 0, a caller actor on proc 1, and
   async one), timed inside the actor: the path docs/design.md, "Calls made by actors" describes;
 - pipelined calls/s from the actor (N calls issued, then awaited in order);
 - port sends/s from an actor into a channel another actor opened, and into the program's port
-  (`s.open_port()`, each `recv` a journaled call).
+  (`s.open_port()`, each `recv` a journaled call);
+- port sends/s from the program into an actor's channel (`port.send` in the program, each a
+  journaled call), against the program's pipelined calls/s.
 
 Ratios are actor / controller; medians over repeats. Asserts nothing.
 """
@@ -81,6 +83,28 @@ class Caller(Actor):
         return n / (time.perf_counter() - t)
 
 
+class Inbox(Actor):
+    @endpoint
+    def open(self) -> Port:
+        self.port, self.rx = Channel.open()  # kept: a receiver is held weakly
+        return self.port
+
+    @endpoint
+    async def take(self, n: int) -> int:
+        for _ in range(n):
+            await self.rx.recv()
+        return n
+
+
+def program_send_rate(inbox: Any, n: int) -> float:
+    port = inbox.open.call_one().get()
+    t = time.perf_counter()
+    for i in range(n):
+        port.send(i)
+    inbox.take.call_one(n).get()
+    return n / (time.perf_counter() - t)
+
+
 class Sender(Actor):
     @endpoint
     def send_many(self, port: Port, n: int) -> None:
@@ -98,7 +122,7 @@ def program_port_rate(s: Session, sender: Any, n: int) -> float:
 
 
 def bench(journal: str, repeats: int, calls: int, pipelined: int, sends: int) -> dict[str, Any]:
-    keys = ("ctl_p50", "sync_p50", "async_p50", "ctl_rate", "actor_rate", "channel_rate", "port_rate")
+    keys = ("ctl_p50", "sync_p50", "async_p50", "ctl_rate", "actor_rate", "channel_rate", "port_rate", "send_rate")
     figures: dict[str, list[float]] = {k: [] for k in keys}
     with Session("bench-actor-calls", journal=journal) as s:
         procs = s.spawn_procs(per_host={"procs": 3})
@@ -106,6 +130,7 @@ def bench(journal: str, repeats: int, calls: int, pipelined: int, sends: int) ->
         one = noop.slice(hosts=0)
         caller = procs.slice(procs=1).spawn("caller", Caller, noop).slice(hosts=0)
         sender = procs.slice(procs=2).spawn("sender", Sender)
+        inbox = procs.slice(procs=2).spawn("inbox", Inbox).slice(hosts=0)
         sequential_latency(one, 300)  # warm-up, every path
         caller.sync_latency.call_one(300).get()
         caller.async_latency.call_one(300).get()
@@ -120,10 +145,12 @@ def bench(journal: str, repeats: int, calls: int, pipelined: int, sends: int) ->
             figures["channel_rate"].append(caller.channel_rate.call_one(sender, sends).get())
             with collected_heap():
                 figures["port_rate"].append(program_port_rate(s, sender, sends // 10))
+            with collected_heap():
+                figures["send_rate"].append(program_send_rate(inbox, pipelined))
             note(f"  repeat {r}: p50 controller {figures['ctl_p50'][-1]} / actor sync {figures['sync_p50'][-1]} / "
                  f"async {figures['async_p50'][-1]} us; pipelined {figures['ctl_rate'][-1]:.0f} / "
                  f"{figures['actor_rate'][-1]:.0f} calls/s; channel {figures['channel_rate'][-1]:.0f}/s, "
-                 f"program port {figures['port_rate'][-1]:.0f}/s")
+                 f"program port {figures['port_rate'][-1]:.0f}/s; program sends {figures['send_rate'][-1]:.0f}/s")
 
     def med(k: str) -> float:
         return statistics.median(figures[k])
@@ -135,7 +162,9 @@ def bench(journal: str, repeats: int, calls: int, pipelined: int, sends: int) ->
         "call_one_p50_us": {"controller": med("ctl_p50"), "actor_sync": med("sync_p50"),
                             "actor_async": med("async_p50")},
         "pipelined_calls_per_s": {"controller": round(med("ctl_rate")), "actor": round(med("actor_rate"))},
-        "port_values_per_s": {"actor_channel": round(med("channel_rate")), "program_port": round(med("port_rate"))},
+        "port_values_per_s": {"actor_channel": round(med("channel_rate")), "program_port": round(med("port_rate")),
+                              "program_sends": round(med("send_rate"))},
+        "program_send_vs_pipelined_call_ratio": ratio("send_rate", "ctl_rate"),
         "actor_sync_p50_ratio": ratio("sync_p50", "ctl_p50"),
         "actor_async_p50_ratio": ratio("async_p50", "ctl_p50"),
         "actor_pipelined_ratio": ratio("actor_rate", "ctl_rate"),
