@@ -581,23 +581,15 @@ class ProcRuntime(_HostWatch):
                 self._exit(slot, seq, point, e, o=o)
                 return
             except Exception as e:  # an error the endpoint raised: it goes back to the caller
-                if how == "bc":  # no caller reads a broadcast's answer: the actor fails instead
-                    self._fail(slot, seq, point, method, e, o=o)
+                if self._raised(slot, seq, point, method, e, o, port, answer_to, how):
                     return
-                if answer_to is not None:
-                    self._answer_port(seq, slot.name, point, o, answer_to, error=e)
-                else:
-                    self._answer_error(seq, slot.name, point, e, o, port)
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
                 self._fail(slot, seq, point, method, e, o=o)
                 return
             else:
-                if answer_to is not None:
-                    self._answer_port(seq, slot.name, point, o, answer_to, None if explicit else (value,))
-                elif port is None:
-                    self._finish_value(seq, slot.name, point, value, o=o)
+                self._returned(slot, seq, point, o, port, answer_to, explicit, value)
             finally:
                 _calling.reset(site)
                 _current.reset(token)
@@ -621,13 +613,8 @@ class ProcRuntime(_HostWatch):
             self._exit(slot, seq, point, e, o=o)
             return
         except Exception as e:
-            if how == "bc":
-                self._fail(slot, seq, point, method, e, o=o)
+            if self._raised(slot, seq, point, method, e, o, port, answer_to, how):
                 return
-            if answer_to is not None:
-                self._answer_port(seq, slot.name, point, o, answer_to, error=e)
-            else:
-                self._answer_error(seq, slot.name, point, e, o, port)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:  # noqa: BLE001 - the actor fails; its mailbox must not stay parked
@@ -640,15 +627,34 @@ class ProcRuntime(_HostWatch):
             self._fail(slot, seq, point, method, e, o=o)
             return
         else:
-            if answer_to is not None:
-                self._answer_port(seq, slot.name, point, o, answer_to, None if explicit else (value,))
-            elif port is None:
-                self._finish_value(seq, slot.name, point, value, o=o)
+            self._returned(slot, seq, point, o, port, answer_to, explicit, value)
         finally:
             _current.reset(token)
             self._async_running -= 1
         if run is _Run.TASK and slot.ended is None:
             self._drain(slot)
+
+    def _returned(self, slot: _Slot, seq: int, point: int, o: str, port: Any, answer_to: Port | None,
+                  explicit: bool, value: Any) -> None:
+        """An endpoint returned: its value answers the call, or goes to the send's port; an
+        endpoint given a response port answered through it already."""
+        if answer_to is not None:
+            self._answer_port(seq, slot.name, point, o, answer_to, None if explicit else (value,))
+        elif port is None:
+            self._finish_value(seq, slot.name, point, value, o=o)
+
+    def _raised(self, slot: _Slot, seq: int, point: int, method: str, e: Exception, o: str, port: Any,
+                answer_to: Port | None, how: str) -> bool:
+        """An endpoint raised an Exception: its caller, or the send's port, gets it. A broadcast
+        has no reader, so the actor fails instead (True: it is gone)."""
+        if how == "bc":
+            self._fail(slot, seq, point, method, e, o=o)
+            return True
+        if answer_to is not None:
+            self._answer_port(seq, slot.name, point, o, answer_to, error=e)
+        else:
+            self._answer_error(seq, slot.name, point, e, o, port)
+        return False
 
     def _answer_port(self, seq: int, actor: str, point: int, o: str, answer_to: Port,
                      value: tuple | None = None, error: Exception | None = None) -> None:
