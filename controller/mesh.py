@@ -19,7 +19,7 @@ from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
 from regent.worker.client import Target
 from regent.worker.ports import Port
-from regent.worker.remote import ActorMeshRef, ProcMeshRef, proc_ref
+from regent.worker.remote import ActorMeshRef, ProcMeshRef, check_selection, proc_ref
 from regent.worker.shape import select, size_of
 from regent.worker.system import Bootstrap, ProcGroup
 
@@ -355,21 +355,12 @@ class Endpoint:
         a port it is a broadcast (an Exception fails the actor); with one, each member's value or
         error goes to the port (an endpoint taking a response port gets that port)."""
         mesh = self._mesh
-        ranks = _selected(selection, mesh._view.ranks)
+        ranks = mesh._view.ranks if check_selection(selection) == "all" else None  # None: the session chooses
         if port is not None and not isinstance(port, Port):
             raise TypeError(f"send(port=...) takes a Port (from s.open_port() or Channel.open()), got {type(port).__name__}")
         sink = BroadcastSink(mesh.name, self._method, what="a send failed on one actor")
         mesh._session._call(mesh, self._method, tuple(args), dict(kwargs or {}), "broadcast", ranks, sink,
                             answer_to=port)
-
-
-def _selected(selection: str, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The ranks a send goes to: all of them, or None for the session to choose one."""
-    if selection == "all":
-        return ranks
-    if selection == "choose":
-        return None
-    raise ValueError(f"selection={selection!r}: send() takes 'all' or 'choose'")
 
 
 # --- sinks: how outcomes of a call reach the program --------------------------------

@@ -240,9 +240,7 @@ class RemoteEndpoint:
              selection: str = "all") -> None:
         """Monarch's send() from an actor: to every member, or one ("choose"); without a port a
         broadcast, with one each member's value or error goes to it (docs/monarch.md)."""
-        if selection not in ("all", "choose"):
-            raise ValueError(f"selection={selection!r}: send() takes 'all' or 'choose'")
-        positions = range(len(self._ref)) if selection == "all" else [self._pick()]
+        positions = range(len(self._ref)) if check_selection(selection) == "all" else [self._pick()]
         args, kwargs = tuple(args), dict(kwargs or {})
         if port is not None:
             args, extra = (port, *args), {"rp": True}
@@ -367,8 +365,8 @@ class HostMeshRef:
         future = client.ask_host(self.host, "spawn_procs", {
             "s": site.seq, "o": site.child(), "count": count, "envs": envs, "d": digest,
             "path": [p for p in sys.path if p]})
-        if not future.done() and not client.pump(future.done, None):
-            raise TimeoutError("spawn_procs got no answer")  # pump without a timeout returns only when done
+        if not future.done():
+            client.pump(future.done, None)  # sent again until answered
         reply = future.result()
         if reply.get("st") != "ok":
             raise SupervisionError(f"host agent at {self.host} could not spawn procs: {reply.get('em')}",
@@ -403,6 +401,13 @@ class OwnedProcs:
 
     host: str
     ids: tuple[str, ...]
+
+
+def check_selection(selection: str) -> str:
+    """Monarch's `Selection` for send(): "all" or "choose"."""
+    if selection not in ("all", "choose"):
+        raise ValueError(f"selection={selection!r}: send() takes 'all' or 'choose'")
+    return selection
 
 
 def send(endpoint: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None, port: Any = None,
