@@ -11,6 +11,7 @@ import json
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -40,6 +41,10 @@ class EtcdCluster:
         self.startup_timeout_s = startup_timeout_s
         self.procs: dict[str, subprocess.Popen] = {}
         self._reaped: set[str] = set()  # members seen dead and not started since
+        # reap() runs on a monitor thread and start_member() on a restart thread: without the
+        # lock, a reap between forgetting a member and starting it marks the new process dead
+        # for good, and that member's next death goes unseen.
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -65,11 +70,12 @@ class EtcdCluster:
 
     def start_member(self, member: str, *, wait: bool = True) -> None:
         """Start (or restart, from its data directory) one member."""
-        if member in self.procs and self.procs[member].poll() is None:
-            return
-        self._reaped.discard(member)
-        self.procs[member] = self.net.popen(member, self._command(member),
-                                            log_path=self.workdir / f"etcd-{member}.log")
+        with self._lock:
+            if member in self.procs and self.procs[member].poll() is None:
+                return
+            self.procs[member] = self.net.popen(member, self._command(member),
+                                                log_path=self.workdir / f"etcd-{member}.log")
+            self._reaped.discard(member)
         if wait:
             self.wait_healthy([member])
 
@@ -115,8 +121,9 @@ class EtcdCluster:
 
     def reap(self) -> bool:
         """True once for each member found dead since it was last started."""
-        dead = {m for m, p in self.procs.items() if p.poll() is not None} - self._reaped
-        self._reaped |= dead
+        with self._lock:
+            dead = {m for m, p in self.procs.items() if p.poll() is not None} - self._reaped
+            self._reaped |= dead
         return bool(dead)
 
     def pid(self, member: str) -> int | None:
