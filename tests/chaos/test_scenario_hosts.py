@@ -103,7 +103,7 @@ def test_a_majority_partition_stalls_the_session_which_continues_when_healed(hos
 
 def test_etcd_followers_restarted_from_their_data_dirs(hosts, reference, tmp_path):
     # Early enough that each is restarted (0.5 s after its kill) while the run still goes on,
-    # and each back before the next goes down (a CI run once ended before the third restart).
+    # and each back before the next goes down.
     sched = Schedule((Fault("kill", "etcd/e1", at_s=0.5), Fault("kill", "etcd/e2", at_s=1.7),
                       Fault("kill", "etcd/e3", at_s=2.9)))
     run = _run(hosts, tmp_path, "hosts: each etcd member restarted", sched, reference)
