@@ -57,10 +57,7 @@ class ControllerPorts:
         s = self._s
         if port.session != s.sid:
             raise ValueError(f"port {port.id} belongs to session {port.session!r}, not to this one ({s.sid!r})")
-        proc = s.runtime.procs.get(port.target.proc)
-        if proc is None:
-            raise ValueError(f"port {port.id} is on proc {port.target.proc}, which this program did not spawn (an "
-                             "actor's own proc, or one replaced since): have an actor send to it")
+        proc = s.proc_named(port.target.proc, f"port {port.id}", "have an actor send to it")
         frames, digest = wire.dumps_call((port.id, item), {})
         s.runtime.refuse_oversized_call(PORT_ACTOR, "send", frames)
         s._issue_call(Kind.CALL, "call_one", PORT_ACTOR, "send", frames, digest, [proc], (0,),

@@ -478,16 +478,18 @@ class Session:
         journaled; a mesh an actor spawned stays that actor's to supervise."""
         if ref.session != self.sid:
             raise ValueError(f"{ref!r} belongs to session {ref.session!r}, not to this one ({self.sid!r})")
-        procs = []
-        for t in ref.targets:
-            proc = self.runtime.procs.get(t.proc)
-            if proc is None:
-                raise ValueError(f"{ref!r} is on proc {t.proc}, which this program did not spawn (or one replaced "
-                                 "since): have the actor send the mesh again")
-            procs.append(proc)
+        procs = [self.proc_named(t.proc, repr(ref), "have the actor send the mesh again") for t in ref.targets]
         if isinstance(ref, ActorMeshRef):
             return ActorMesh.of_ref(self, ref, procs)
         return ProcMesh(self, procs, View.full(ref.dims))
+
+    def proc_named(self, proc_id: str, what: str, instead: str) -> ProcRef:
+        """One of this program's procs, by id, for something an actor handed it (`what`)."""
+        proc = self.runtime.procs.get(proc_id)
+        if proc is None:
+            raise ValueError(f"{what} is on proc {proc_id}, which this program did not spawn (an actor's own, or "
+                             f"one replaced since): {instead}")
+        return proc
 
     def send_to_port(self, port: Port, item: tuple) -> None:
         """`port.send(v)` in the program: a journaled call to the proc that owns the port."""

@@ -603,7 +603,8 @@ class ProcRuntime(_HostWatch):
                          run: _Run, o: str = "", port: Any = None, how: str = "") -> None:
         token = _current.set(slot.ctx)
         _calling.set(CallSite(seq, o, slot.name, point))  # this task's own context
-        answer_to, explicit = None, slot.endpoint(method)[2]
+        # Only a send with a port needs the lookup: otherwise `port` says whether it takes one.
+        answer_to, explicit = None, port is not None or (how == "rp" and slot.endpoint(method)[2])
         try:
             args, kwargs, answer_to = _arguments(payload, how)
             first = port or (answer_to if explicit else None)
