@@ -182,6 +182,7 @@ class Lifecycle:
     def stop_actors(self, mesh: ActorMesh) -> None:
         """Stop these actors; once every member of the mesh is stopped its name is free again."""
         sink = GatherSink(mesh._view)
+        self.s._supervisor.stopped(mesh.name, mesh._view.ranks)  # a call finding them gone is no failure
         self.s._issue_call(Kind.STOP, "stop", mesh.name, "__stop__", [], b"", mesh._procs, mesh._view.ranks, sink)
         sink.future.get()
         if len(mesh._view) == len(mesh._procs) and mesh._class is not None:  # not a mesh an actor spawned

@@ -48,7 +48,7 @@ class Recorder:
         self.collect = writer.collector(CALLS)
 
     def record(self, call: PendingCall, point: int, outcome: Outcome) -> None:
-        if outcome.status == "exit":
+        if outcome.status in ("exit", "noactor"):  # the actor is gone: supervision may act on it
             self._on_exit(call, point, outcome)
         if not self.engine.journaled:
             return

@@ -38,12 +38,13 @@ class ProcRef:
 class Wire:
     """What the edge keeps of a call to send it, and again under the same id."""
 
-    __slots__ = ("kind", "base", "frames", "metas", "procs", "sent_at", "wait", "_points")
+    __slots__ = ("kind", "base", "frames", "metas", "procs", "issued_at", "sent_at", "wait", "_points")
 
     def __init__(self, kind: Kind, base: dict, frames: Any, metas: list[dict] | None, procs: list[ProcRef],
                  sent_at: float, wait: float, *, many: bool = False):
         self.kind, self.base, self.frames, self.metas, self.procs = kind, base, frames, metas, procs
         self.sent_at, self.wait = sent_at, wait  # when it was last sent; how long until overdue
+        self.issued_at = sent_at  # when it was first sent
         # A call to several points packs their shared metadata once.
         self._points = wire.PointMessages(kind, base, frames) if many and not metas else None
 

@@ -219,8 +219,13 @@ class Session:
         self._journal_failed = exc
 
     def _actor_exited(self, call: PendingCall, point: int, outcome: Outcome) -> None:
-        self._supervisor.failed(call.actor, point, str(outcome.meta.get("em")),
-                                abnormal=not outcome.meta.get("normal"))
+        """An actor exited while running a call, or a call found no actor where it was sent."""
+        reason = str(outcome.meta.get("em"))
+        if outcome.status == "noactor":
+            if call.wire is not None and call.wire.kind is Kind.CALL:  # not a stop: that one is meant
+                self._supervisor.missing(call.actor, point, reason, call.wire.issued_at)
+            return
+        self._supervisor.failed(call.actor, point, reason, abnormal=not outcome.meta.get("normal"))
 
     def _replayed_exit(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """A journaled exit of an unsupervised actor, replayed: a failure nothing handles, which

@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,9 @@ class MeshState:
     ready: dict[int, threading.Event] = field(default_factory=dict)
     coords: list[dict] = field(default_factory=list)
     spawn_seq: int = -1  # the seq of the spawn that made it (a name may be spawned again)
+    down: set[int] = field(default_factory=set)  # members their policy left down
+    stopped: set[int] = field(default_factory=set)  # members the program stopped: never restarted
+    rebuilt_at: dict[int, float] = field(default_factory=dict)  # rank -> when its last restart finished
 
     def wait_ready(self, rank: int) -> None:
         """Block a call while its actor restarts; raise if the mesh has escalated."""
@@ -97,7 +100,7 @@ class Supervisor:
 
     def failed(self, mesh: str, rank: int, reason: str, abnormal: bool) -> None:
         state = self.meshes.get(mesh)
-        if state is None:
+        if state is None or rank in state.stopped:
             return
         if state.supervisor is None:  # unsupervised: nothing handles it
             if abnormal and self.on_unhandled is not None:
@@ -105,6 +108,27 @@ class Supervisor:
             return
         state.ready[rank].clear()  # calls wait until the supervisor decides
         self._queue.put((mesh, rank, reason, abnormal))
+
+    def missing(self, mesh: str, rank: int, reason: str, issued_at: float) -> None:
+        """A call issued at `issued_at` (monotonic) found no actor where a supervised member
+        should be: a leader deposed while it restarted the member's proc left the member
+        unbuilt on the new one, and its successor took the journal's word that it was there.
+        A failure like any other, which its policy restarts; unless the member is down by
+        decision, is restarting, or was rebuilt after the call left."""
+        state = self.meshes.get(mesh)
+        if state is None or state.supervisor is None or rank in state.down or rank not in state.ready:
+            return  # (a stopped member is not restarted by failed() either)
+        if not state.ready[rank].is_set() or issued_at < state.rebuilt_at.get(rank, float("-inf")):
+            return
+        log.warning("a supervised actor is missing from its proc; its policy restarts it", mesh=mesh, rank=rank,
+                    reason=reason)
+        self.failed(mesh, rank, reason, abnormal=True)
+
+    def stopped(self, mesh: str, ranks: Iterable[int]) -> None:
+        """The program stopped these members: down for good, not missing."""
+        state = self.meshes.get(mesh)
+        if state is not None:
+            state.stopped.update(ranks)
 
     def note(self, ev: str, **data: Any) -> None:
         """Journal a supervision event that happened outside this supervisor (a host lost)."""
@@ -141,6 +165,7 @@ class Supervisor:
         self._event("failure", mesh=mesh, rank=rank, reason=reason, abnormal=abnormal)
         decision = sup.on_failure(rank, reason, abnormal, time.monotonic())
         if decision.action == "ignore":
+            state.down.add(rank)
             if sup.escalated is None:
                 state.ready[rank].set()  # not restarted: calls go through and fail there
             else:
@@ -174,7 +199,10 @@ class Supervisor:
             return
         self._event("restart", mesh=mesh, ranks=list(decision.ranks),
                     incarnation=[sup.incarnation.get(r) for r in decision.ranks], delay_s=decision.delay_s)
+        rebuilt = time.monotonic()
         for r in decision.ranks:
+            state.down.discard(r)
+            state.rebuilt_at[r] = rebuilt
             state.ready[r].set()
 
     def _release(self, state: MeshState) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -177,3 +178,34 @@ def test_a_standby_carries_on_when_the_journaled_host_agent_and_its_procs_are_go
             squatter.close()
     assert out["before"] == [2, 2] and out["after"] == [11, 11], out
     assert json.loads(host_file().read_text())["address"] != old_address
+
+
+def test_a_standby_rebuilds_an_actor_its_predecessor_had_not_rebuilt_on_a_replaced_proc(cluster_factory, tmp_path):
+    """The primary replaced a killed proc and was killed while it rebuilt the first of the two
+    meshes there. The journal says the proc was replaced, so the standby calls the new one,
+    where the second mesh's actor was never built: that call fails (the actor is gone, as
+    after any crash), the mesh's policy rebuilds it, and the program's next try is answered."""
+    go, flag = tmp_path / "go", tmp_path / "rebuilding"
+    c = cluster_factory("rebuild", program="rebuild_interrupted.py",
+                        extra_env={"REGENT_TEST_GO_FILE": str(go), "REGENT_TEST_FLAG_FILE": str(flag)})
+    c.start()
+    c.start()  # standby
+    first = c.wait_leader(1)
+    c.wait_step(first, 0)
+    proc_pid = int(re.search(r"^proc (\d+)$", c.log_of(first).read_text(), re.M).group(1))
+    os.kill(proc_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while not flag.exists():  # the primary replaced the proc and is rebuilding "w" on it
+        assert time.monotonic() < deadline, f"no rebuild of w began\n{c.log_tail()}"
+        time.sleep(0.02)
+    time.sleep(0.5)  # the replacement is journaled (within a linger), "kv" not rebuilt yet
+    os.kill(first, signal.SIGKILL)
+    c.by_pid(first).wait()
+    second = c.wait_leader(2, timeout=30)
+    go.touch()
+    out = c.finish(c.by_pid(second))
+    assert out["role"] == "standby-took-over"
+    assert out["after"] is not None, f"kv was never rebuilt: {out['failures'][-1:]}"
+    new_pid = out["w_after"][0]
+    assert new_pid != proc_pid and out["after"][0] == new_pid and out["after"][1] >= 1, out
+    assert 1 <= len(out["failures"]) <= 2 and "no actor 'kv'" in out["failures"][0], out

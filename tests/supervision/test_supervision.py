@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from regent import wire
 from regent.controller import Session, SupervisionError
+from regent.wire import Kind
 from regent.worker import Actor, context, endpoint
 from regent.worker.errors import ActorExit
 from regent.worker.supervision import RestartPolicy
@@ -218,6 +220,55 @@ def test_stopping_procs_stops_their_actors_and_supervision_leaves_them_stopped()
             mesh.slice(procs=0).info.call_one().get(timeout=5)
         assert mesh.slice(procs=1).info.call_one().get(timeout=5)[0] == pids[1]
         assert not [e for e in s._supervisor.events if e["ev"] == "restart"]
+
+
+def _drop_behind_the_controllers_back(s: Session, mesh, rank: int) -> None:
+    """Stop a member on its proc without the session knowing, as a leader deposed while it
+    rebuilt a replaced proc leaves it: its successor believes the member is there. The call id
+    is one the program never reaches."""
+    meta = {"sid": s.sid, "e": s.epoch, "s": 10**9 + rank, "a": mesh.name, "m": "__stop__", "d": b"",
+            "pt": rank, "rt": s.runtime.reply_address}
+    s.runtime.send_to_proc(mesh._procs[rank], wire.encode(Kind.STOP, meta))
+    deadline = time.monotonic() + 5
+    while True:  # its calls keep being answered until the stop has reached the proc
+        try:
+            mesh.slice(procs=rank).info.call_one().get(timeout=5)
+        except SupervisionError as e:
+            assert "no actor" in str(e), e
+            return
+        assert time.monotonic() < deadline, "the member was never stopped"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("strategy", ["one_for_one", "one_for_all"])
+def test_a_supervised_member_missing_from_its_proc_is_rebuilt_by_its_policy(strategy):
+    """The call that finds the member gone fails (SupervisionError, journaled); the member is
+    a failure like any other, which its policy restarts on the same proc."""
+    with Session(f"missing-{strategy}") as s:
+        mesh = s.spawn_procs(per_host={"procs": 2}).spawn("m", Member, restart=RestartPolicy(strategy=strategy))
+        before = mesh.info.call().get().values()
+        _drop_behind_the_controllers_back(s, mesh, 0)
+        pid, incarnation = _retry_info(mesh, 0)
+        assert (pid, incarnation) == (before[0][0], 1)
+        assert mesh.slice(procs=1).info.call_one().get(timeout=5) == (before[1][0], 1 if strategy == "one_for_all" else 0)
+        restarts = [e for e in s._supervisor.events if e["ev"] == "restart"]
+        assert len(restarts) == 1, restarts
+
+
+def test_a_missing_member_that_its_policy_leaves_down_or_the_program_stopped_stays_down():
+    with Session("missing-stays-down") as s:
+        procs = s.spawn_procs(per_host={"procs": 2})
+        temporary = procs.spawn("t", Member, restart="temporary")
+        _drop_behind_the_controllers_back(s, temporary, 0)
+        stopped = procs.spawn("m", Member, restart="permanent")
+        stopped.slice(procs=0).stop()
+        for mesh in (temporary, stopped):
+            for _ in range(3):
+                with pytest.raises(SupervisionError, match="no actor"):
+                    mesh.slice(procs=0).info.call_one().get(timeout=5)
+                time.sleep(0.1)
+        assert not [e for e in s._supervisor.events if e["ev"] == "restart"]
+        assert stopped.slice(procs=1).info.call_one().get(timeout=5)[1] == 0
 
 
 class Fatal(BaseException):
