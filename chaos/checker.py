@@ -21,7 +21,7 @@ from regent.chaos.faults import FaultEvent
 from regent.chaos.ledger import Execution
 from regent.chaos.linearizability import LinearizabilityVerdict
 from regent.chaos.packets import PACKET_KINDS
-from regent.controller.replay import PROCS, SUPERVISION, expand
+from regent.controller.replay import END, PROCS, START, SUPERVISION, expand
 
 __all__ = ["CALL_KINDS", "ChaosReport", "FaultEffect", "check_run", "percentile"]
 
@@ -63,6 +63,7 @@ class ChaosReport:
     results_equal: bool = False
     results_diff: str = ""
     program_error: str = ""
+    earlier_runs: list[str] = field(default_factory=list)  # runs of the session before the checked one
     retries: dict = field(default_factory=dict)
     faults: list[FaultEffect] = field(default_factory=list)
     failovers_s: list[float] = field(default_factory=list)
@@ -102,6 +103,8 @@ class ChaosReport:
             lines.append(f"  linearizable (porcupine): {self.linearizability.summary()}")
         if self.program_error:
             lines.append(f"  program:         {self.program_error}")
+        for item in self.earlier_runs:
+            lines.append(f"  earlier run:     {item}")
         if self.failovers_s:
             lines.append(f"  failovers:       {len(self.failovers_s)}, p50 {percentile(self.failovers_s, 50):.2f} s, "
                          f"p95 {percentile(self.failovers_s, 95):.2f} s, max {max(self.failovers_s):.2f} s")
@@ -123,18 +126,23 @@ def percentile(values: Sequence[float], p: float) -> float:
     return statistics.quantiles(sorted(values), n=100, method="inclusive")[max(0, min(98, int(p) - 1))]
 
 
-def run_records(records: Iterable[Any], run: str | None) -> list[Any]:
-    """The records of one run of the session (a standby may start a new run after it ends),
-    with CALLS and RESULTS records unpacked into the calls and results they hold."""
-    out: list[Any] = []
-    current = None
+def runs(records: Iterable[Any]) -> list[tuple[str | None, list[Any]]]:
+    """The session's runs in journal order, each with its records (CALLS and RESULTS records
+    unpacked into the calls and results they hold). A standby may start a new run after one ends."""
+    out: list[tuple[str | None, list[Any]]] = []
     for rec in expand(records):
-        if rec.kind == "start":
-            current = rec.data.get("run")
-            continue
-        if run is None or current == run:
-            out.append(rec)
+        if rec.kind == START:
+            out.append((rec.data.get("run"), []))
+        elif not out:
+            out.append((None, [rec]))  # records before any start: an old journal's only run
+        else:
+            out[-1][1].append(rec)
     return out
+
+
+def run_records(records: Iterable[Any], run: str | None) -> list[Any]:
+    """The records of one run of the session (all of them for run None)."""
+    return [rec for rid, recs in runs(records) if run is None or rid == run for rec in recs]
 
 
 def check_run(
@@ -162,10 +170,14 @@ def check_run(
     else:
         run = str(result.get("sid", "")).rsplit(".", 1)[-1] or None
         rep.retries = dict(result.get("retries") or {})
-    recs = run_records(records, run)
+    every = runs(records)
+    recs = [rec for rid, rs in every if run is None or rid == run for rec in rs]
+    earlier = [(rid, rs) for rid, rs in every if run is not None and rid != run]
+    pids, theirs = _earlier_runs(rep, earlier)
+    executions = [e for e in executions if e.pid not in pids]
     killed = {int(e.detail["pid"]) for e in events
               if e.kind == "kill" and e.target.startswith("proc") and isinstance(e.detail.get("pid"), int)}
-    _check_calls(rep, recs, executions, killed)
+    _check_calls(rep, recs, executions, killed, theirs)
     if verify is not None:
         rep.journal_ok = bool(verify.ok)
         rep.journal_problems = list(getattr(verify, "problems", []))[:10]
@@ -180,6 +192,37 @@ def check_run(
     rep.duration_s = (t_end or max(times, default=start)) - start
     rep.faults, rep.failovers_s = _effects(events, leaders, recs, start, deadline_s)
     return rep
+
+
+def _earlier_runs(rep: ChaosReport, earlier: Sequence[tuple[str | None, list[Any]]]) -> tuple[set[int], set[tuple]]:
+    """Runs of the session before the checked one. One that ended on an error is the program's
+    failure, whatever the later run did: the run it failed in did not survive the faults. Their
+    executions are theirs, not the checked run's: returns the processes they started (whose
+    executions are left out) and the calls they journaled (which explain an execution)."""
+    theirs: set[tuple] = set()
+    pids: set[int] = set()
+    for rid, recs in earlier:
+        ended = None
+        for rec in recs:
+            d = rec.data if isinstance(rec.data, dict) else {}
+            if rec.kind == END:
+                ended = d
+            elif rec.kind == PROCS:
+                pids |= {p["pid"] for p in d.get("procs") or [] if isinstance(p, dict) and isinstance(p.get("pid"), int)}
+            elif rec.kind == "call" and d.get("k") in CALL_KINDS:
+                digest = d["d"].hex() if isinstance(d["d"], bytes | bytearray) else str(d["d"])
+                theirs |= {(d["a"], d["m"], digest, pt) for pt in d.get("pts") or []}
+        if ended is None:
+            rep.earlier_runs.append(f"run {rid}: never ended (a later run started without replaying it)")
+        elif ended.get("error"):
+            rep.earlier_runs.append(f"run {rid}: ended on the program's error {str(ended['error'])[:300]}")
+        else:
+            rep.earlier_runs.append(f"run {rid}: ended")
+    failed = [r for r in rep.earlier_runs if not r.endswith(": ended")]
+    if failed and not rep.program_error:
+        rep.program_error = "an earlier run of the session did not finish cleanly; the checked run started over: " \
+                            + "; ".join(failed)
+    return pids, theirs
 
 
 def _superseded(recs: Sequence[Any], pids: set[int]) -> set[int]:
@@ -207,7 +250,7 @@ def _superseded(recs: Sequence[Any], pids: set[int]) -> set[int]:
 
 
 def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Execution],
-                 killed_pids: set[int] = frozenset()) -> None:
+                 killed_pids: set[int] = frozenset(), explained_before: set[tuple] = frozenset()) -> None:
     calls: dict[int, dict] = {}
     results: dict[tuple[int, int], dict] = {}
     timeouts: set[int] = set()
@@ -262,7 +305,7 @@ def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Exe
             else:
                 rep.ran_once += 1
     for key, n in ran.items():
-        if key not in explained:
+        if key not in explained and key not in explained_before:
             rep.unjournaled.append(f"{key[0]}.{key[1]} digest {key[2][:12]} on point {key[3]} ran {n} time(s)")
 
 

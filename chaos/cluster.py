@@ -41,6 +41,8 @@ from regent.worker import discovery, procinfo
 
 __all__ = ["ChaosCluster", "Controller", "RoleNet", "WORKLOAD"]
 
+ETCD_START_TRIES = 20  # restarts of a killed etcd that a fault killed again while it started
+
 log = structlog.get_logger("chaos.cluster")
 
 WORKLOAD = Path(__file__).parent / "programs" / "workload.py"
@@ -300,10 +302,17 @@ class ChaosCluster:
 
     def _restart_etcd(self) -> None:
         time.sleep(self.etcd_restart_s or 0)
-        try:
-            self.etcd.start()
-        except RuntimeError as e:  # killed again while starting: the monitor reaps it and tries again
-            log.warning("etcd did not come back; trying again", error=str(e))
+        for attempt in range(1, ETCD_START_TRIES + 1):
+            try:
+                self.etcd.start()
+                break
+            except RuntimeError as e:
+                # Killed again while starting (a fault found the new process): that start has
+                # reaped it, so the monitor will not see it die. Start it again from here.
+                log.warning("etcd did not come back; trying again", error=str(e), attempt=attempt)
+                time.sleep(0.2)
+        else:
+            log.error("etcd did not come back; the run goes on without it", tries=ETCD_START_TRIES)
             return
         self.etcd_restarts.append(time.time())
         self.faults.record("restart", "etcd", {"pid": self.etcd.pid})
@@ -365,7 +374,14 @@ class ChaosCluster:
                 lines = c.log_path.read_text().splitlines()
             except OSError:
                 continue
-            text += f"--- controller {c.k} (pid {c.pid}, exit {c.popen.poll()})\n" + "\n".join(lines[-n:]) + "\n"
+            status = c.popen.poll()
+            text += f"--- controller {c.k} (pid {c.pid}, exit {status})\n"
+            if status not in (None, 0, -9, 3, 4, DEPOSED_EXIT_STATUS):
+                # A program that failed: what went wrong on the way, not only its traceback.
+                notable = [ln for ln in lines[:-n] if "[warning" in ln or "[error" in ln or "failed" in ln]
+                if notable:
+                    text += "  (its warnings and failures before the end)\n" + "\n".join(notable[-2 * n:]) + "\n  ...\n"
+            text += "\n".join(lines[-n:]) + "\n"
         return text
 
     # --- fault targets -------------------------------------------------------------------

@@ -101,3 +101,38 @@ def test_again_after_a_process_the_journal_never_names_is_a_rerun() -> None:
 def test_twice_in_two_processes_the_journal_names_and_never_replaced_is_a_duplicate() -> None:
     rep = _check_journal(_with_procs(pids=(100, 200)), _ran((100, 0), (200, 0)))
     assert not rep.ok and len(rep.duplicated) == 1
+
+
+def _two_runs(first_end: dict) -> list[Record]:
+    """Run r0 spawned p50 and called w.square with another digest, then ended; r1 is checked."""
+    first = [Record(0, 1, "start", {"run": "r0"}, 0.0),
+             Record(1, 1, "procs", {"s": 0, "procs": [{"id": "p50", "idx": 0, "pid": 50, "addr": "tcp://x:1"}]}, 0.0),
+             Record(2, 1, "call", {"s": 5, "k": "call", "a": "w", "m": "square", "d": bytes.fromhex("cd" * 16),
+                                   "pts": [0]}, 0.0),
+             Record(3, 1, "session_end", first_end, 0.0)]
+    return first + [Record(4 + r.lsn, r.epoch, r.kind, r.data, r.ts) for r in _with_procs()]
+
+
+def test_an_earlier_run_that_failed_is_the_programs_error_and_its_executions_are_its_own() -> None:
+    """A run whose program raised ended the session's run; a controller started later ran it
+    again from the start. The failure is the verdict; what the first run ran is not unjournaled."""
+    executions = [Execution("w", 0, "square", "cd" * 16, 50, 0), Execution("w", 0, "square", DIGEST, 50, 0),
+                  *_ran((100, 0))]
+    rep = _check_journal(_two_runs({"error": "RuntimeError('g11: no success after 40 attempts')"}), executions)
+    assert not rep.ok
+    assert "earlier run" in rep.program_error and "g11: no success" in rep.program_error
+    assert not rep.unjournaled and not rep.duplicated and not rep.rerun_after_crash and rep.ran_once == 1
+    assert "earlier run:     run r0: ended on the program's error" in rep.text()
+
+
+def test_an_earlier_run_that_ended_cleanly_is_not_a_failure() -> None:
+    rep = _check_journal(_two_runs({"error": None}), [Execution("w", 0, "square", "cd" * 16, 50, 0), *_ran((100, 0))])
+    assert rep.ok, rep.text()
+    assert rep.earlier_runs == ["run r0: ended"]
+
+
+def test_an_execution_only_an_earlier_run_journaled_is_explained_by_it() -> None:
+    """On a process the earlier run never journaled starting (pid 60), its call still explains it."""
+    rep = _check_journal(_two_runs({"error": None}), [Execution("w", 0, "square", "cd" * 16, 60, 0), *_ran((100, 0))])
+    assert rep.ok, rep.text()
+    assert not rep.unjournaled
