@@ -230,10 +230,13 @@ class Session:
     def _replayed_exit(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """A journaled exit of an unsupervised actor, replayed: a failure nothing handles, which
         the previous leader may not have handed to the program (faults dedupe it if it did).
-        A supervised one was restarted by the previous leader already."""
+        A supervised one was restarted by the previous leader already, unless its policy left it
+        down: then it stays down here too, and a call finding it gone does not restart it."""
         state = self._supervisor.meshes.get(call.actor)
         if state is not None and state.supervisor is None:
             self._actor_exited(call, point, outcome)
+        elif state is not None and state.supervisor.leaves_down(abnormal=not outcome.meta.get("normal")):
+            state.down.add(point)
 
     def _check_live(self) -> None:
         raise_pending_handoff()  # a SIGTERM that came while regent's own code ran

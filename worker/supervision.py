@@ -105,12 +105,16 @@ class MeshSupervisor:
     incarnation: dict[int, int] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
 
+    def leaves_down(self, abnormal: bool) -> bool:
+        """Whether the policy leaves a member that failed this way down (not a restart)."""
+        return self.policy.restart == "temporary" or (self.policy.restart == "transient" and not abnormal)
+
     def on_failure(self, rank: int, reason: str, abnormal: bool, now: float) -> Decision:
         self.failures.append(FailureRecord(now, rank, reason, abnormal))
         if self.escalated:
             return Decision("ignore", report=self.escalated)
         p = self.policy
-        if p.restart == "temporary" or (p.restart == "transient" and not abnormal):
+        if self.leaves_down(abnormal):
             return Decision("ignore", report=f"{self.mesh}[{rank}] {reason}; restart={p.restart}: not restarted")
         while self.restarts and now - self.restarts[0] > p.window_s:
             self.restarts.popleft()

@@ -262,7 +262,10 @@ def test_a_missing_member_that_its_policy_leaves_down_or_the_program_stopped_sta
         _drop_behind_the_controllers_back(s, temporary, 0)
         stopped = procs.spawn("m", Member, restart="permanent")
         stopped.slice(procs=0).stop()
-        for mesh in (temporary, stopped):
+        exited = procs.spawn("x", Member, restart="transient")
+        with pytest.raises(SupervisionError):
+            exited.slice(procs=0).quit.call_one(True).get(timeout=5)  # a normal exit: left down
+        for mesh in (temporary, stopped, exited):
             for _ in range(3):
                 with pytest.raises(SupervisionError, match="no actor"):
                     mesh.slice(procs=0).info.call_one().get(timeout=5)
