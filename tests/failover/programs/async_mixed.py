@@ -18,6 +18,8 @@ import json
 import os
 import sys
 
+from common import note_leader, session_from_env
+
 from regent.controller import Session
 from regent.worker import Actor, endpoint
 
@@ -104,15 +106,10 @@ async def program(s: Session, fast, slow, nap, steps: int, change_at: int, obs: 
 def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "60"))
     change_at = int(os.environ.get("REGENT_TEST_CHANGE_AT", "-1"))
-    ttl = float(os.environ.get("REGENT_TEST_TTL", "1.0"))
     obs_dir = os.environ.get("REGENT_TEST_OBS_DIR")
     obs = Observations(os.path.join(obs_dir, f"{os.getpid()}.obs") if obs_dir else None)
-    with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ.get("REGENT_TEST_JOURNAL") or None,
-                 lease_ttl_s=ttl) as s:
-        leader_file = os.environ.get("REGENT_TEST_LEADER_FILE")
-        if leader_file:
-            with open(leader_file, "a") as f:
-                f.write(f"{os.getpid()}\n")
+    with session_from_env() as s:
+        note_leader()
         procs = s.spawn_procs(per_host={"procs": 3})
         fast = procs.slice(procs=0).spawn("fast", Worker, 0.001)
         slow = procs.slice(procs=1).spawn("slow", Worker, 0.004)

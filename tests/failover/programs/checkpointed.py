@@ -7,7 +7,8 @@ import json
 import os
 import sys
 
-from regent.controller import Session
+from common import note_leader, session_from_env
+
 from regent.worker import Actor, endpoint
 
 
@@ -27,10 +28,8 @@ class Acc(Actor):
 
 def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "60"))
-    with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ.get("REGENT_TEST_JOURNAL") or None,
-                 lease_ttl_s=float(os.environ.get("REGENT_TEST_TTL", "1.0"))) as s:
-        with open(os.environ["REGENT_TEST_LEADER_FILE"], "a") as f:
-            f.write(f"{os.getpid()}\n")
+    with session_from_env() as s:
+        note_leader()
         mesh = s.spawn_procs(per_host={"procs": 2}).spawn("acc", Acc)
         state = s.resume({"step": 0, "acc": 0})
         while state["step"] < steps:

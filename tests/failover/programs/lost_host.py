@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from regent.controller import Session
+from common import note_leader, session_from_env
+
 from regent.worker import Actor, endpoint
 
 
@@ -20,12 +21,8 @@ class Echo(Actor):
         return x + 1
 
 
-with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ["REGENT_TEST_JOURNAL"],
-             lease_ttl_s=float(os.environ.get("REGENT_TEST_TTL", "1.0"))) as s:
-    leader_file = os.environ.get("REGENT_TEST_LEADER_FILE")
-    if leader_file:
-        with open(leader_file, "a") as f:
-            f.write(f"{os.getpid()}\n")
+with session_from_env() as s:
+    note_leader()
     first = s.spawn_procs(per_host={"procs": 2}).spawn("first", Echo)
     before = first.ping.call(1).get().values()
     # The test kills the procs with the primary as soon as it reads "step 0": a result read

@@ -13,7 +13,8 @@ import os
 import sys
 import time
 
-from regent.controller import Session
+from common import note_leader, session_from_env
+
 from regent.worker import Actor, endpoint
 
 PRINT = os.environ.get("REGENT_TEST_PRINT") == "1"
@@ -57,13 +58,8 @@ class Worker(Actor):
 def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "40"))
     change_at = int(os.environ.get("REGENT_TEST_CHANGE_AT", "-1"))
-    ttl = float(os.environ.get("REGENT_TEST_TTL", "1.0"))
-    with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ.get("REGENT_TEST_JOURNAL") or None,
-                 lease_ttl_s=ttl) as s:
-        leader_file = os.environ.get("REGENT_TEST_LEADER_FILE")
-        if leader_file:
-            with open(leader_file, "a") as f:
-                f.write(f"{os.getpid()}\n")
+    with session_from_env() as s:
+        note_leader()
         # REGENT_TEST_HOSTS: the three actors on three hosts of $REGENT_CLUSTER, one each.
         on_hosts = os.environ.get("REGENT_TEST_HOSTS")
         if on_hosts:

@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from regent.controller import Session, SupervisionError
+from common import note_leader, session_from_env
+
+from regent.controller import SupervisionError
 from regent.worker import Actor, context, endpoint
 
 
@@ -32,12 +34,8 @@ class Member(Actor):
         return os.getpid(), context().incarnation
 
 
-with Session(os.environ["REGENT_TEST_SESSION"], journal=os.environ["REGENT_TEST_JOURNAL"],
-             lease_ttl_s=float(os.environ.get("REGENT_TEST_TTL", "1.0"))) as s:
-    leader_file = os.environ.get("REGENT_TEST_LEADER_FILE")
-    if leader_file:
-        with open(leader_file, "a") as f:
-            f.write(f"{os.getpid()}\n")
+with session_from_env() as s:
+    note_leader()
     procs = s.spawn_procs(per_host={"procs": 1})
     w = procs.spawn("w", Slow, os.environ["REGENT_TEST_FLAG_FILE"], restart="permanent")
     kv = procs.spawn("kv", Member, restart="permanent")
