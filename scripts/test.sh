@@ -12,4 +12,5 @@ scripts/install_sshd.sh
 export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff check regent controller worker wire hipcore journal chaos cli tests bench examples
 .venv/bin/lint-imports  # the layering contracts in pyproject.toml
-exec .venv/bin/python -m pytest -q "$@"
+# The slowest tests are listed at the end: the suite must stay under 30 min on a 2-core machine.
+exec .venv/bin/python -m pytest -q --durations=15 "$@"
