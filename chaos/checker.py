@@ -142,7 +142,14 @@ def runs(records: Iterable[Any]) -> list[tuple[str | None, list[Any]]]:
 
 def run_records(records: Iterable[Any], run: str | None) -> list[Any]:
     """The records of one run of the session (all of them for run None)."""
-    return [rec for rid, recs in runs(records) if run is None or rid == run for rec in recs]
+    return _split(runs(records), run)[0]
+
+
+def _split(every: list[tuple[str | None, list[Any]]], run: str | None) -> tuple[list[Any], list[tuple]]:
+    """The checked run's records, and the other runs (none when run is None: all are checked)."""
+    if run is None:
+        return [rec for _, recs in every for rec in recs], []
+    return [rec for rid, recs in every if rid == run for rec in recs], [(rid, rs) for rid, rs in every if rid != run]
 
 
 def check_run(
@@ -170,9 +177,7 @@ def check_run(
     else:
         run = str(result.get("sid", "")).rsplit(".", 1)[-1] or None
         rep.retries = dict(result.get("retries") or {})
-    every = runs(records)
-    recs = [rec for rid, rs in every if run is None or rid == run for rec in rs]
-    earlier = [(rid, rs) for rid, rs in every if run is not None and rid != run]
+    recs, earlier = _split(runs(records), run)
     pids, theirs = _earlier_runs(rep, earlier)
     executions = [e for e in executions if e.pid not in pids]
     killed = {int(e.detail["pid"]) for e in events
@@ -201,6 +206,7 @@ def _earlier_runs(rep: ChaosReport, earlier: Sequence[tuple[str | None, list[Any
     executions are left out) and the calls they journaled (which explain an execution)."""
     theirs: set[tuple] = set()
     pids: set[int] = set()
+    failed: list[str] = []
     for rid, recs in earlier:
         ended = None
         for rec in recs:
@@ -210,19 +216,26 @@ def _earlier_runs(rep: ChaosReport, earlier: Sequence[tuple[str | None, list[Any
             elif rec.kind == PROCS:
                 pids |= {p["pid"] for p in d.get("procs") or [] if isinstance(p, dict) and isinstance(p.get("pid"), int)}
             elif rec.kind == "call" and d.get("k") in CALL_KINDS:
-                digest = d["d"].hex() if isinstance(d["d"], bytes | bytearray) else str(d["d"])
-                theirs |= {(d["a"], d["m"], digest, pt) for pt in d.get("pts") or []}
+                theirs.update(key for _, key in _point_keys(d))
         if ended is None:
-            rep.earlier_runs.append(f"run {rid}: never ended (a later run started without replaying it)")
+            line = f"run {rid}: never ended (a later run started without replaying it)"
         elif ended.get("error"):
-            rep.earlier_runs.append(f"run {rid}: ended on the program's error {str(ended['error'])[:300]}")
+            line = f"run {rid}: ended on the program's error {str(ended['error'])[:300]}"
         else:
-            rep.earlier_runs.append(f"run {rid}: ended")
-    failed = [r for r in rep.earlier_runs if not r.endswith(": ended")]
+            line = f"run {rid}: ended"
+        rep.earlier_runs.append(line)
+        if ended is None or ended.get("error"):
+            failed.append(line)
     if failed and not rep.program_error:
         rep.program_error = "an earlier run of the session did not finish cleanly; the checked run started over: " \
                             + "; ".join(failed)
     return pids, theirs
+
+
+def _point_keys(d: dict) -> list[tuple[int, tuple]]:
+    """Each point of a journaled call with its ledger key (mesh, method, digest hex, point)."""
+    digest = d["d"].hex() if isinstance(d["d"], bytes | bytearray) else str(d["d"])
+    return [(pt, (d["a"], d["m"], digest, pt)) for pt in d.get("pts") or []]
 
 
 def _superseded(recs: Sequence[Any], pids: set[int]) -> set[int]:
@@ -281,9 +294,7 @@ def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Exe
     explained: set[tuple] = set()
     for seq in sorted(calls):
         d = calls[seq]
-        digest = d["d"].hex() if isinstance(d["d"], bytes | bytearray) else str(d["d"])
-        for pt in d.get("pts") or []:
-            key = (d["a"], d["m"], digest, pt)
+        for pt, key in _point_keys(d):
             explained.add(key)
             n = ran.get(key, 0)
             rep.points += 1

@@ -50,6 +50,13 @@ REPO = Path(__file__).resolve().parent.parent
 ROLE_LINKS = ("controller->etcd", "standby->etcd", "proc->controller", "controller->host")
 
 
+def _failed(status: int | None) -> bool:
+    """Whether a controller's exit status is a failure. These are not: still running (None),
+    done (0), killed by a fault (-9), deposed (3, or the session's deposed status), and a
+    standby whose run had ended (4)."""
+    return status not in (None, 0, -9, 3, 4, DEPOSED_EXIT_STATUS)
+
+
 @dataclass
 class Controller:
     k: int
@@ -289,7 +296,7 @@ class ChaosCluster:
                     c.popen.wait()
             self.winner, self.result = done, result
             return True
-        failed = [c for c in self.controllers if c.popen.poll() not in (None, 0, -9, 3, 4, DEPOSED_EXIT_STATUS)]
+        failed = [c for c in self.controllers if _failed(c.popen.poll())]
         if len(failed) > 8 * (1 + self.standbys):
             self.result = {"error": f"{len(failed)} controllers failed"}
             return True
@@ -376,7 +383,7 @@ class ChaosCluster:
                 continue
             status = c.popen.poll()
             text += f"--- controller {c.k} (pid {c.pid}, exit {status})\n"
-            if status not in (None, 0, -9, 3, 4, DEPOSED_EXIT_STATUS):
+            if _failed(status):
                 # A program that failed: what went wrong on the way, not only its traceback.
                 notable = [ln for ln in lines[:-n] if "[warning" in ln or "[error" in ln or "failed" in ln]
                 if notable:

@@ -34,9 +34,9 @@ class OutcomePort(Protocol):
 class Recorder:
     """Journals outcomes as the engine decides (an OutcomePort)."""
 
-    def __init__(self, engine: Engine, on_exit: Callable[[PendingCall, int, Outcome], None]):
+    def __init__(self, engine: Engine, on_gone: Callable[[PendingCall, int, Outcome], None]):
         self.engine = engine
-        self._on_exit = on_exit
+        self._on_gone = on_gone  # an actor exited, or was not there: supervision may act on it
         self._warned_big = False
         self.writer: Any = None
         self.collect: Callable[[Any], None] = _not_started
@@ -48,8 +48,8 @@ class Recorder:
         self.collect = writer.collector(CALLS)
 
     def record(self, call: PendingCall, point: int, outcome: Outcome) -> None:
-        if outcome.status in ("exit", "noactor"):  # the actor is gone: supervision may act on it
-            self._on_exit(call, point, outcome)
+        if outcome.status in ("exit", "noactor"):
+            self._on_gone(call, point, outcome)
         if not self.engine.journaled:
             return
         size = wire.payload_size(outcome.frames) if outcome.status == "ok" else 0

@@ -113,7 +113,7 @@ class Session:
         self._engine = Engine(edge.sid, edge.replay, journaled=edge.journaled, value_limit=journal_value_limit())
         self._faults = Faults(on_unhandled_fault, edge.replay)
         self._drive = Drive()  # who steps the engine: this thread, or the runtime's IO thread
-        self._recorder = Recorder(self._engine, on_exit=self._actor_exited)
+        self._recorder = Recorder(self._engine, on_gone=self._actor_gone)
         edge.connect(self._engine.core, self._drive, self._recorder, on_failure=self._on_journal_failed,
                      on_lost=self._on_leadership_lost)
         self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
@@ -218,7 +218,7 @@ class Session:
         A lost leadership has told us already (lead.on_lost), and fails what is in flight."""
         self._journal_failed = exc
 
-    def _actor_exited(self, call: PendingCall, point: int, outcome: Outcome) -> None:
+    def _actor_gone(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """An actor exited while running a call, or a call found no actor where it was sent."""
         reason = str(outcome.meta.get("em"))
         if outcome.status == "noactor":
@@ -234,7 +234,7 @@ class Session:
         down: then it stays down here too, and a call finding it gone does not restart it."""
         state = self._supervisor.meshes.get(call.actor)
         if state is not None and state.supervisor is None:
-            self._actor_exited(call, point, outcome)
+            self._actor_gone(call, point, outcome)
         elif state is not None and state.supervisor.leaves_down(abnormal=not outcome.meta.get("normal")):
             state.down.add(point)
 

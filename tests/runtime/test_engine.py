@@ -183,7 +183,7 @@ def test_a_supervision_failure_that_cannot_be_made_durable_is_not_shown(error, s
     seq): it sees why the journal failed instead (invariant 4)."""
     engine = Engine("s.r1", None)
     call = _pending(engine)
-    recorder = Recorder(engine, on_exit=lambda *a: None)
+    recorder = Recorder(engine, on_gone=lambda *a: None)
     recorder.use(_FailingWriter(error))
     outcome = Outcome("dead", {"em": "proc p0 died"}, [])
     recorder.record(call, 0, outcome)
