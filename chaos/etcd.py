@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -22,6 +21,7 @@ from typing import IO, Any, Protocol
 from urllib.parse import quote
 
 from regent.chaos import faults
+from regent.hipcore.ports import free_port
 
 __all__ = ["LocalEtcd", "TlsFiles", "etcd_binary"]
 
@@ -53,12 +53,6 @@ def _lost_its_port(log_path: Path, since: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalEtcd:
     """One single-member etcd on 127.0.0.1 (or `host`); use as a context manager or call start()/close().
 
@@ -88,7 +82,7 @@ class LocalEtcd:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="regent-etcd-"))
         self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
-        self.client_port, self.peer_port = _free_port(), _free_port()
+        self.client_port, self.peer_port = free_port(), free_port()
         self.startup_timeout_s = startup_timeout_s
         self.tls = tls
         self.client_cert_auth = client_cert_auth
@@ -144,7 +138,7 @@ class LocalEtcd:
                     # A first start takes other ports; a restart must keep its own.
                     if self._started or attempt == 2 or not _lost_its_port(self.log_path, logged):
                         raise
-                    self.client_port, self.peer_port = _free_port(), _free_port()
+                    self.client_port, self.peer_port = free_port(), free_port()
                     continue
                 self._started = True
                 return self

@@ -9,6 +9,7 @@ addressed. Cutting a host's link (`link_down`) is a partition of that host from 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -90,6 +91,23 @@ def _used_subnets() -> set[str]:
             for word in line.split() if word.count(".") == 3 and "/" in word}
 
 
+_LOCK = "/run/lock/regent-netns.lock"
+
+
+def _free_prefix() -> str:
+    """A private /24 (as its first three octets) that no interface here has an address in."""
+    used = _used_subnets()
+    while (prefix := f"10.{random.randrange(200, 250)}.{random.randrange(1, 255)}") in used:
+        pass
+    return prefix
+
+
+def _tag_taken(tag: str) -> bool:
+    if _ip("link", "show", f"{tag}br", check=False).returncode == 0:
+        return True
+    return any(p.name.startswith(f"{tag}-") for p in Path("/run/netns").glob("*"))
+
+
 class NamespaceHosts:
     """Hosts `names` as namespaces on a private /24 bridge: host i gets address .(10+i)."""
 
@@ -97,11 +115,9 @@ class NamespaceHosts:
         if not names or len(names) > 200 or len(set(names)) != len(names):
             raise ValueError(f"host names must be 1-200 distinct names, got {list(names)}")
         self.names = list(names)
+        # Drawn again in create(), under a machine-wide lock, should another run have taken them.
         self.tag = f"rg{random.randrange(16**4):04x}"
-        used = _used_subnets()
-        while (prefix := f"10.{random.randrange(200, 250)}.{random.randrange(1, 255)}") in used:
-            pass
-        self.prefix = prefix
+        self.prefix = _free_prefix()
         self.bridge = f"{self.tag}br"
         self._made: list[str] = []  # namespaces made so far
         self._bridge_made = False
@@ -133,9 +149,18 @@ class NamespaceHosts:
         if reason:
             raise NetnsUnavailable(reason)
         try:
-            _ip("link", "add", self.bridge, "type", "bridge")
-            self._bridge_made = True
-            _ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+            # Parallel test workers and chaos runs make hosts at once: choosing a tag and a subnet
+            # and taking them (the bridge, its address) is one step under a lock.
+            with open(_LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                while _tag_taken(self.tag):
+                    self.tag = f"rg{random.randrange(16**4):04x}"
+                if self.prefix in _used_subnets():
+                    self.prefix = _free_prefix()
+                self.bridge = f"{self.tag}br"
+                _ip("link", "add", self.bridge, "type", "bridge")
+                self._bridge_made = True
+                _ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for name in self.names:
                 ns, veth = self.netns(name), self._veth(name)

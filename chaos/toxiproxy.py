@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -30,6 +29,7 @@ import structlog
 import tenacity
 
 from regent.chaos.toxics import validate_toxic
+from regent.hipcore.ports import free_port
 
 __all__ = [
     "Proxy",
@@ -352,7 +352,7 @@ class ToxiproxyServer:
                 return self
             attempts = 3 if self.port == 0 else 1  # a free port may be taken before we bind it
             for attempt in range(1, attempts + 1):
-                port = self.port or _free_port(self.host)
+                port = self.port or free_port(self.host)
                 try:
                     self._spawn(port)
                     break
@@ -503,12 +503,6 @@ def _pdeathsig_setter() -> Callable[[], None] | None:
         prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
     return set_pdeathsig
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _quote(name: str) -> str:

@@ -7,11 +7,11 @@ address/port; this module only turns those into an initialised process group.
 from __future__ import annotations
 
 import datetime
-import socket
 from typing import Any
 
 import structlog
 
+from regent.hipcore import ports
 from regent.hipcore.backend import backend as hip_backend
 from regent.hipcore.backend import require_torch
 from regent.hipcore.errors import BackendUnavailableError
@@ -20,11 +20,8 @@ log = structlog.get_logger("hipcore.distributed")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (another process may still take it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on ``host`` now, for the group's rendezvous (hipcore.ports)."""
+    return ports.free_port(host)
 
 
 def default_backend() -> str:

@@ -57,7 +57,3 @@ def baseline(toxiproxy, etcd, tmp_path_factory):
     return get
 
 
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "chaos: the chaos suite (real etcd, Toxiproxy and processes)")

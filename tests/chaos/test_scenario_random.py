@@ -16,7 +16,8 @@ from chaos_suite import assert_verdict, name
 from regent.chaos import Schedule, random_schedule
 from regent.chaos.run import run_schedule
 
-pytestmark = pytest.mark.chaos
+# The mix's timing is part of what it tests: it runs alone, after the parallel part of the suite.
+pytestmark = [pytest.mark.chaos, pytest.mark.serial]
 
 LINKS = ["controller->etcd", "standby->etcd", "proc->controller", *(f"controller->proc/{i}" for i in range(3))]
 PROCESSES = ["controller", "etcd", *(f"proc/{i}" for i in range(3))]

@@ -21,6 +21,8 @@ from regent.chaos.netns import (
     unavailable_reason,
 )
 
+pytestmark = pytest.mark.slow  # namespaces, nftables and netem: left to `make test`
+
 PROBE = str(Path(__file__).with_name("udp_probe.py"))
 PORT = 9999
 

@@ -22,6 +22,7 @@ from tests.fuzz.live import (
 )
 from tests.runtime.rawpeer import RawPeer
 
+pytestmark = pytest.mark.slow  # live processes under fuzzed input: left to `make test`
 MESSAGES = 1500
 
 

@@ -22,6 +22,7 @@ def test_auto_backend_is_gloo_on_cpu_and_nccl_on_gpu():
     assert distributed.default_backend() == ("nccl" if hipcore.backend().is_gpu else "gloo")
 
 
+@pytest.mark.slow
 def test_all_reduce_across_four_processes_sums(spawn, torch):
     from regent import hipcore
 

@@ -92,6 +92,7 @@ def test_write_from_lands_in_the_owners_memory(shared_owner, transport, index):
     assert shared_owner.holds(index, salt=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_256_mib_round_trip(shared_owner, transport):
     buf = shared_owner.buffers[len(SIZES)]
@@ -207,6 +208,7 @@ def test_a_stalled_owner_times_out_and_later_reads_work(spawn):
         owner.stop()
 
 
+@pytest.mark.slow
 def test_torch_tensors_are_registered_and_filled(spawn, torch):
     owner = Owner(spawn, [4096], "torch")
     try:
@@ -220,6 +222,7 @@ def test_torch_tensors_are_registered_and_filled(spawn, torch):
         owner.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", [None, "tcp"])
 def test_device_memory_is_readable_and_writable_across_processes(spawn, torch, transport):
     # CPU backend: device memory is host memory served over TCP. GPU backends: CUDA/HIP IPC

@@ -52,6 +52,7 @@ def test_a_killed_leader_is_replaced_at_once_not_when_its_lease_runs_out(
     assert took < 1.5, f"took {took:.2f}s: the standby waited for the {LONG_TTL_S:g}s lease"
 
 
+@pytest.mark.slow
 def test_a_paused_leader_is_not_evicted_its_lease_decides(journal_url: str, session: str):
     # SIGSTOP leaves the leader's sockets open: the standby's connection stays up and the
     # beacon proves nothing, so the standby must wait for the lease (at least 2/3 of its
@@ -60,6 +61,7 @@ def test_a_paused_leader_is_not_evicted_its_lease_decides(journal_url: str, sess
     assert took > SHORT_TTL_S / 2, f"a paused leader was evicted after {took:.2f}s"
 
 
+@pytest.mark.slow
 def test_with_the_beacon_off_a_killed_leader_is_replaced_when_its_lease_runs_out(
     journal_url: str, session: str, monkeypatch: pytest.MonkeyPatch
 ):

@@ -42,6 +42,7 @@ def _stream(writer: GroupCommitWriter, stop: threading.Event, errors: list) -> N
         errors.append(exc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["restart", "pause"])
 def test_an_append_stream_survives_an_etcd_fault_without_losing_or_duplicating(
     fresh_etcd: EtcdServer, fault: str

@@ -294,6 +294,7 @@ _AUTH_PROGRAM = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @needs_etcd
 def test_an_expired_token_is_renewed_and_the_password_is_never_logged(auth_etcd, session):
     env = {

@@ -252,6 +252,7 @@ def test_a_ticket_is_bound_once_a_close_takes_the_items_before_it(journal: Journ
     lead.close()
 
 
+@pytest.mark.slow
 def test_a_bound_never_falls_below_an_item_collected_before_its_ticket(journal: Journal, session: str):
     """Items added, each with a ticket taken after it, while another thread closes the
     collected items as fast as it can: every bound is at or above its item's real lsn."""

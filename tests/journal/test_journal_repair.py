@@ -151,6 +151,7 @@ def _regent(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_session_stopped_by_a_torn_tail_resumes_after_regent_journal_repair(
     journal_url: str, session: str, raw
 ):

@@ -53,6 +53,7 @@ def own_etcd(fresh_etcd):
     client.close()
 
 
+@pytest.mark.slow
 def test_an_etcd_read_goes_on_after_etcd_compacts_the_revision_it_was_reading_at(
     own_etcd, session: str
 ):
@@ -67,6 +68,7 @@ def test_an_etcd_read_goes_on_after_etcd_compacts_the_revision_it_was_reading_at
         lead.close()
 
 
+@pytest.mark.slow
 def test_an_etcd_read_that_loses_its_revision_to_etcd_and_its_log_to_a_compaction_says_so(
     own_etcd, session: str
 ):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 OPEN = """
 import sys, time
 from regent.journal.sqlite_store import SqliteStore
@@ -17,6 +19,7 @@ print("opened")
 """
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_journal_at_once_all_get_it(tmp_path):
     # SQLite answers some of them "database is locked" at once, without waiting (it skips
     # its busy handler where waiting could deadlock); the store tries again.

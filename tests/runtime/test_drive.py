@@ -182,6 +182,7 @@ def watched(monkeypatch):
     return watch
 
 
+@pytest.mark.slow
 def test_only_the_drive_holder_steps_the_engine(watched):
     with Session("drive-discipline") as s:
         steps = watched(s)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from regent.chaos.etcd import LocalEtcd as EtcdServer
 from regent.chaos.etcd import etcd_binary
+from regent.hipcore import ports
 
 __all__ = ["MISSING_REASON", "EtcdServer", "etcd_available", "free_port", "held_port",
            "skip_unless_namespace_hosts_and_etcd"]
@@ -25,9 +26,8 @@ def etcd_available() -> bool:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free now, from this test worker's own range (hipcore.ports)."""
+    return ports.free_port("127.0.0.1")
 
 
 @contextlib.contextmanager

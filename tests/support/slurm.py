@@ -20,6 +20,7 @@ from pathlib import Path
 
 from regent.chaos.netns import NamespaceHosts
 from regent.chaos.netns import unavailable_reason as netns_unavailable_reason
+from regent.hipcore.ports import free_port
 
 __all__ = ["SlurmCluster", "SlurmError", "SlurmUnavailable", "parse_record", "slurm_unavailable_reason"]
 
@@ -56,12 +57,6 @@ def slurm_unavailable_reason() -> str | None:
     return netns_unavailable_reason()
 
 
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
-
-
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()[-lines:]
@@ -96,12 +91,16 @@ class SlurmCluster:
         self.partition = partition
         self.memory_mb = memory_mb
         self.net = NamespaceHosts(self.nodes)
-        self.cluster_name = self.net.tag
         self.conf_path = self.workdir / "slurm.conf"
         self.munge_socket = self.workdir / "munge" / "munge.sock"
         self._munged: subprocess.Popen | None = None
         self._slurmctld: subprocess.Popen | None = None
         self._slurmd: dict[str, subprocess.Popen] = {}
+
+    @property
+    def cluster_name(self) -> str:
+        """The namespaces' tag: unique on this machine once they are made."""
+        return self.net.tag
 
     # --- making and removing ----------------------------------------------------------------
 
@@ -183,7 +182,7 @@ class SlurmCluster:
         lines = [
             f"ClusterName={self.cluster_name}",
             f"SlurmctldHost={socket.gethostname().split('.')[0]}({ctld})",
-            f"SlurmctldPort={_free_port(ctld)}",
+            f"SlurmctldPort={free_port(ctld)}",
             # Each node has a namespace (and so a port space) of its own.
             "SlurmdPort=6818",
             "SlurmUser=root",
