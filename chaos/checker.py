@@ -58,6 +58,7 @@ class ChaosReport:
     rerun_after_crash: list[str] = field(default_factory=list)  # ran again after its actor died (invariant 3)
     timed_out_points: int = 0  # the program gave up after its deadline: at most once, and it did
     timed_out_unexecuted: int = 0  # ... of which never ran
+    timeout_waits_s: list[float] = field(default_factory=list)  # issue to deadline, per timed-out call
     journal_ok: bool = False
     journal_problems: list[str] = field(default_factory=list)
     results_equal: bool = False
@@ -94,7 +95,8 @@ class ChaosReport:
             f"  unjournaled:     {len(self.unjournaled)}",
             f"  proc died:       {self.failed_points} points failed with SupervisionError (at most once each)",
             f"  timed out:       {self.timed_out_points} points past their deadline "
-            f"({self.timed_out_unexecuted} never ran); the program issued them again",
+            f"({self.timed_out_unexecuted} never ran); the program issued them again"
+            + (f"; told {max(self.timeout_waits_s):.2f} s after the issue at the latest" if self.timeout_waits_s else ""),
             f"  retries:         {self.retries}",
             f"  journal verify:  {'ok' if self.journal_ok else '; '.join(self.journal_problems)}",
             f"  results:         {'equal to the fault-free run' if self.results_equal else 'DIFFER: ' + self.results_diff}",
@@ -267,13 +269,18 @@ def _check_calls(rep: ChaosReport, recs: Sequence[Any], executions: Sequence[Exe
     calls: dict[int, dict] = {}
     results: dict[tuple[int, int], dict] = {}
     timeouts: set[int] = set()
+    issued: dict[int, float] = {}
     for rec in recs:
         d = rec.data
         if rec.kind == "call" and d.get("k") in CALL_KINDS:
             calls[d["s"]] = d
+            issued.setdefault(d["s"], rec.ts)
         elif rec.kind == "result":
             results[(d["s"], d["pt"])] = d
         elif rec.kind == "obs" and d.get("w") == "timeout":
+            # A call waited for again times out again: only its first deadline counts from the issue.
+            if d["s"] not in timeouts and d["s"] in issued:
+                rep.timeout_waits_s.append(rec.ts - issued[d["s"]])
             timeouts.add(d["s"])
     ended_pids = set(killed_pids) | _superseded(recs, {e.pid for e in executions})
     ran = Counter((e.mesh, e.method, e.digest, e.rank) for e in executions)

@@ -30,6 +30,7 @@ import structlog
 
 from regent.chaos import faults as process_faults
 from regent.chaos.faults import FaultLog
+from regent.chaos.ledger import in_flight_marker
 from regent.chaos.linearizability import ENV_HISTORY
 from regent.chaos.links import ENV_TOXIPROXY, proxy_name
 from regent.chaos.net import ChaosNet
@@ -211,7 +212,12 @@ class ChaosCluster:
     def schedule_runner(self, schedule: Schedule) -> ScheduleRunner:
         """A runner that plays `schedule` on this cluster's links and processes."""
         return ScheduleRunner(schedule, self.net, self.processes(), faults=self.faults,
-                              target_wait_s=self.target_wait_s)
+                              target_wait_s=self.target_wait_s,
+                              in_flight=self.runs_a_call)
+
+    def runs_a_call(self, pid: int) -> bool:
+        """Whether process `pid` runs a call the program waits for (the workload marks them)."""
+        return in_flight_marker(self.ledger_dir, pid).exists()
 
     def restore_store(self) -> None:
         """etcd running again, should the run have ended with it killed."""

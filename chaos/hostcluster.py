@@ -100,7 +100,8 @@ class HostChaosCluster(ChaosCluster):
         return self
 
     def schedule_runner(self, schedule: Schedule) -> ScheduleRunner:
-        return ScheduleRunner(schedule, None, self.processes(), hosts=self.host_faults, faults=self.faults)
+        return ScheduleRunner(schedule, None, self.processes(), hosts=self.host_faults, faults=self.faults,
+                              in_flight=self.runs_a_call)
 
     def _count_steps(self) -> None:
         before = self._steps_seen

@@ -18,7 +18,7 @@ from typing import Any
 
 from regent import wire
 
-__all__ = ["Execution", "Ledger", "read_ledger"]
+__all__ = ["Execution", "Ledger", "in_flight_marker", "read_ledger"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,12 @@ class Ledger:
         line = json.dumps({"m": self.mesh, "r": self.rank, "e": method, "d": digest,
                            "p": os.getpid(), "i": self.incarnation})
         os.write(self._fd, (line + "\n").encode())
+
+
+def in_flight_marker(directory: str | os.PathLike, pid: int) -> Path:
+    """The file that exists while process `pid` runs a call its caller waits for (an actor
+    creates it on entry and removes it on return): how a chaos run kills a proc mid-call."""
+    return Path(directory) / "in-flight" / str(pid)
 
 
 def read_ledger(directory: str | os.PathLike) -> list[Execution]:

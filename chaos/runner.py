@@ -18,7 +18,7 @@ from regent.chaos import faults as process_faults
 from regent.chaos.faults import FaultEvent, FaultLog
 from regent.chaos.net import ChaosNet
 from regent.chaos.packets import HostFaults
-from regent.chaos.schedule import PROCESS_KINDS, Fault, Schedule
+from regent.chaos.schedule import IN_FLIGHT, PROCESS_KINDS, Fault, Schedule
 from regent.chaos.toxics import TOXICS
 
 __all__ = ["ProcessRef", "ScheduleRunner"]
@@ -114,11 +114,17 @@ class ScheduleRunner:
         hosts: HostFaults | None = None,
         faults: FaultLog | None = None,
         target_wait_s: float = 0.0,
+        in_flight: Callable[[int], bool] | None = None,
     ) -> None:
         self.schedule = schedule
         self.net = net
         self.hosts = hosts
         self.target_wait_s = target_wait_s  # a process fault's wait for a target being restarted
+        self.in_flight = in_flight  # pid -> is it running a call the program waits for
+        wanted = [f for f in schedule.faults if f.in_flight_of is not None]
+        if wanted and in_flight is None:
+            raise ValueError(f"{len(wanted)} fault(s) of this schedule wait for a call in flight "
+                             "(in_flight_s), and this cluster cannot tell when a process runs one")
         self.processes = dict(processes or {})
         schedule.check_targets(list(net) if net is not None else [], self.processes,
                                list(hosts) if hosts is not None else [])
@@ -265,9 +271,10 @@ class ScheduleRunner:
                 return self.hosts.apply(fault.kind, fault.target, fault.attributes, self._note(index))
             pid = self._pid(fault.target)
             if fault.kind == "kill":
-                process_faults.kill(
-                    pid, target=fault.target, log_to=self.faults, note=self._note(index)
-                )
+                note = self._note(index)
+                if fault.in_flight_of is not None:
+                    pid, note["in_flight"] = self._await_call(fault)
+                process_faults.kill(pid, target=fault.target, log_to=self.faults, note=note)
                 return None
             return self._apply_pause(index, fault, pid)
         except Exception as exc:  # a fault that cannot be applied must not end the run
@@ -281,14 +288,17 @@ class ScheduleRunner:
 
         def add() -> None:
             nonlocal added_at
+            note = self._note(index)
+            if fault.in_flight_of is not None:  # waited for here, in the link thread
+                note["in_flight"] = self._await_call(fault)[1]
             net.add_toxic(
                 fault.target,
                 fault.kind,
                 fault.stream,
                 fault.toxicity,
                 toxic_name=name,
-                note=self._note(index),
-                **fault.attributes,
+                note=note,
+                **{k: v for k, v in fault.attributes.items() if k != IN_FLIGHT},
             )
             added_at = self._now()
 
@@ -374,6 +384,20 @@ class ScheduleRunner:
             with attempt:
                 return ref()
         raise AssertionError("unreachable: tenacity reraises")
+
+    def _await_call(self, fault: Fault) -> tuple[int, bool]:
+        """The pid of the process the fault waits on once it runs a call the program waits for
+        (True), or its pid when `in_flight_s` passed first (False). A process restarted
+        meanwhile is followed."""
+        assert self.in_flight is not None and fault.in_flight_of is not None
+        deadline = time.monotonic() + float(fault.attributes[IN_FLIGHT])
+        while True:
+            pid = self._pid(fault.in_flight_of)
+            if self.in_flight(pid):
+                return pid, True
+            if time.monotonic() >= deadline or self._stopping:
+                return pid, False
+            time.sleep(0.001)
 
     def _error(self, index: int, fault: Fault, phase: str, exc: Exception) -> None:
         message = f"faults[{index}] {fault.kind} on {fault.target!r}: {phase} failed: {exc}"

@@ -26,6 +26,7 @@ from regent.chaos.packets import (
 from regent.chaos.toxics import STREAMS, TOXICS, ToxicValidationError, validate_toxic
 
 __all__ = [
+    "IN_FLIGHT",
     "FAULT_KINDS",
     "LINK_KINDS",
     "PACKET_KINDS",
@@ -40,6 +41,7 @@ __all__ = [
 
 LINK_KINDS: tuple[str, ...] = (*TOXICS, "down")
 PROCESS_KINDS: tuple[str, ...] = ("kill", "pause")
+IN_FLIGHT = "in_flight_s"  # the attribute of a kill or toxic that waits for a call to be running
 FAULT_KINDS: tuple[str, ...] = (*LINK_KINDS, *PROCESS_KINDS, *PACKET_KINDS)
 
 _FAULT_KEYS = (
@@ -104,15 +106,21 @@ class Fault:
         elif self.duration_s is not None:
             _check_number("duration_s", self.duration_s, minimum=0.0, exclusive=True)
         if self.kind in TOXICS:
+            # in_flight_s is the runner's, not Toxiproxy's: add the toxic once the process the
+            # link leads to runs a call the program waits for (so calls are on the link).
+            toxic_attributes = {k: v for k, v in self.attributes.items() if k != IN_FLIGHT}
             try:
-                resolved = validate_toxic(
+                resolved: dict[str, Any] = validate_toxic(
                     self.kind,
                     stream=self.stream,
                     toxicity=self.toxicity,
-                    attributes=self.attributes,
+                    attributes=toxic_attributes,
                 )
             except ToxicValidationError as exc:
                 raise ScheduleError(str(exc)) from None
+            if IN_FLIGHT in self.attributes:
+                _check_number(f"attributes.{IN_FLIGHT}", self.attributes[IN_FLIGHT], minimum=0.0)
+                resolved[IN_FLIGHT] = self.attributes[IN_FLIGHT]
             object.__setattr__(self, "attributes", resolved)
         elif self.kind in PACKET_KINDS:
             try:
@@ -120,12 +128,29 @@ class Fault:
             except PacketFaultError as exc:
                 raise ScheduleError(str(exc)) from None
             object.__setattr__(self, "attributes", resolved)
+        elif self.kind == "kill":
+            # in_flight_s: wait up to that long for the target to be running a call the program
+            # waits for, then kill it (a kill that must land on a call, not between two).
+            extra = sorted(set(self.attributes) - {IN_FLIGHT})
+            if extra:
+                raise ScheduleError(f"'attributes': a kill takes only '{IN_FLIGHT}'; got {extra}")
+            if IN_FLIGHT in self.attributes:
+                _check_number(f"attributes.{IN_FLIGHT}", self.attributes[IN_FLIGHT], minimum=0.0)
+            object.__setattr__(self, "attributes", dict(self.attributes))
         else:
             if self.attributes:
                 raise ScheduleError(
                     f"'attributes': a {self.kind!r} fault takes none; got {sorted(self.attributes)}"
                 )
             object.__setattr__(self, "attributes", {})
+
+    @property
+    def in_flight_of(self) -> str | None:
+        """The process whose running call this fault waits for (`in_flight_s`): a kill's target,
+        or the process a toxic's link leads to ("controller->proc/1": proc/1); else None."""
+        if not self.attributes.get(IN_FLIGHT):
+            return None
+        return self.target.rpartition("->")[2] if self.on_link else self.target
 
     @property
     def on_link(self) -> bool:
@@ -198,6 +223,11 @@ class Schedule:
                 raise ScheduleError(
                     f"faults[{i}] ({fault.kind}): no {what} named {fault.target!r}; "
                     f"known {whats}: {', '.join(sorted(pool)) or 'none'}"
+                )
+            if fault.in_flight_of is not None and fault.in_flight_of not in known_procs:
+                raise ScheduleError(
+                    f"faults[{i}] ({fault.kind}): {IN_FLIGHT} waits for a call on process "
+                    f"{fault.in_flight_of!r}, which is not one of: {', '.join(sorted(known_procs)) or 'none'}"
                 )
 
 

@@ -370,6 +370,11 @@ class HostAgent(_Adoption):
         nobody: stop its procs. Failovers are far shorter than the timeout."""
         now = time.monotonic()
         for sid, state in list(self.sessions.items()):
+            if any(req.answered is None for req in state.requests()):
+                # A controller waits for this agent's answer to a spawn (procs still starting,
+                # slowly on a loaded machine): its silence until then is this agent's doing.
+                state.last_contact = now
+                continue
             if state.procs and now - state.last_contact > state.orphan_timeout_s:
                 log.warning("no controller contacted this session; stopping its procs as orphans",
                             session=sid, silent_s=round(now - state.last_contact, 1))
@@ -504,7 +509,11 @@ def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float 
                     same_address=agent.inbox.address == previous["address"])
     else:
         log.info("host agent serving", address=agent.inbox.address, pid=os.getpid())
-    stop = on_serving(agent) if on_serving is not None else None
+    try:
+        stop = on_serving(agent) if on_serving is not None else None
+    except BaseException:
+        discovery.withdraw()  # refused (a live agent holds its name): it never served
+        raise
     try:
         agent.serve()
     finally:

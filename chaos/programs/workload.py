@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from regent.chaos.ledger import Ledger
+from regent.chaos.ledger import Ledger, in_flight_marker
 from regent.chaos.linearizability import HistoryLog
 from regent.chaos.links import links_from_env
 from regent.controller import Session, SupervisionError
@@ -53,12 +53,20 @@ class Echo(Actor):
         ctx = context()
         self.ledger = Ledger(ledger_dir, ctx.mesh, ctx.rank, ctx.incarnation)
         self.delay_s = delay_s
+        self.marker = in_flight_marker(ledger_dir, os.getpid())
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
 
     @endpoint
     def square(self, token: str, x: int) -> int:
         self.ledger.note("square", token, x)
         if self.delay_s:
+            # A broadcast (token b<i>) has nobody waiting on it: a kill there fails no call.
+            waited = not token.startswith("b")
+            if waited:
+                self.marker.touch()
             time.sleep(self.delay_s)
+            if waited:
+                self.marker.unlink(missing_ok=True)
         return x * x
 
     @endpoint

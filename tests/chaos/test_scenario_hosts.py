@@ -136,6 +136,7 @@ def test_an_asymmetric_partition_controller_to_workers(hosts, reference, tmp_pat
     assert not run.runner_errors, run.runner_errors
 
 
+@pytest.mark.serial  # a random mix: alone, after the parallel part of the suite
 def test_a_random_mix_of_packet_and_process_faults(hosts, reference, tmp_path):
     procs = ["controller", "standby", "etcd-leader", "etcd-follower", "agent/h1", "proc/h2"]
     names = [*HOST_ROLES, *hosts.net.names]

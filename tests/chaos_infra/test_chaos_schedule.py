@@ -361,6 +361,42 @@ def test_a_process_fault_waits_for_a_target_that_is_being_restarted(
     assert len(runner.errors) == 1 and "no live controller" in runner.errors[0]
 
 
+def test_an_in_flight_kill_waits_until_its_target_runs_a_call(
+    net: ChaosNet, sleepers: dict[str, subprocess.Popen]
+) -> None:
+    """A kill with in_flight_s lands only once the target runs a call (its note says so); one
+    whose target runs none within in_flight_s is applied anyway, noted as not in flight."""
+    busy_from = time.monotonic() + 0.4
+    busy = {sleepers["standby"].pid}
+    schedule = Schedule((Fault("kill", "standby", at_s=0.0, attributes={"in_flight_s": 5.0}),
+                         Fault("kill", "controller", at_s=0.0, attributes={"in_flight_s": 0.2})))
+    t0 = time.time()
+    with ScheduleRunner(schedule, net, {"standby": sleepers["standby"].pid, "controller": sleepers["controller"].pid},
+                        in_flight=lambda pid: pid in busy and time.monotonic() >= busy_from) as runner:
+        assert runner.wait(10)
+    kills = {e.target: e for e in runner.events() if e.kind == "kill"}
+    assert kills["standby"].detail["in_flight"] is True and kills["standby"].t >= t0 + 0.35
+    assert kills["controller"].detail["in_flight"] is False
+    assert sleepers["standby"].wait(5) == -signal.SIGKILL and sleepers["controller"].wait(5) == -signal.SIGKILL
+
+
+def test_an_in_flight_kill_needs_a_cluster_that_can_tell(net: ChaosNet, sleepers: dict[str, subprocess.Popen]) -> None:
+    schedule = Schedule((Fault("kill", "standby", at_s=0.0, attributes={"in_flight_s": 1.0}),))
+    with pytest.raises(ValueError, match="in_flight_s"):
+        ScheduleRunner(schedule, net, {"standby": sleepers["standby"].pid})
+    with pytest.raises(ScheduleError, match="only 'in_flight_s'"):
+        Fault("kill", "standby", at_s=0.0, attributes={"latency": 1.0})
+    with pytest.raises(ScheduleError, match="in_flight_s"):
+        Fault("kill", "standby", at_s=0.0, attributes={"in_flight_s": -1.0})
+    # A toxic waits on the process its link leads to; Toxiproxy never sees the attribute.
+    toxic = Fault("latency", "controller->proc/3", at_s=0.0, attributes={"latency": 10, "in_flight_s": 2.0})
+    assert toxic.in_flight_of == "proc/3" and toxic.attributes["in_flight_s"] == 2.0
+    Schedule((toxic,)).check_targets(LINKS, PROCESSES)
+    with pytest.raises(ScheduleError, match="waits for a call on process 'proc/3'"):
+        Schedule((toxic,)).check_targets(LINKS, ["controller"])
+    assert Fault("latency", "controller->proc/3", at_s=0.0, attributes={"latency": 10}).in_flight_of is None
+
+
 class _StuckNet:
     """A ChaosNet stand-in whose toxic removal blocks until released, as Toxiproxy's does
     while the peer of a poisoned link is stopped and its socket buffers are full."""

@@ -72,7 +72,9 @@ def test_an_async_program_sees_the_same_wake_ups_in_the_same_order_across_20_kil
     assert [o[1] for o in deadlines] == [i for i in range(STEPS) if i % 15 == 14]
     assert sum(1 for o in deadlines if o[2] == "timeout") >= 1
     _check_once(result)
-    assert result["role"] == "standby-took-over" and result["stats"]["replayed"] > 0
+    # The last leader replayed the run: a standby that waited, or the fresh process started after
+    # the last kill that found the seat empty first (its role then says "primary").
+    assert result["stats"]["replayed"] > 0
 
 
 def test_a_paused_async_primary_is_deposed_and_no_call_runs_twice(cluster):

@@ -53,7 +53,8 @@ def test_standby_replays_to_each_kill_point_and_runs_every_call_once(cluster_fac
     result = c.finish(final)
     assert result["out"] == expected["out"]
     check_exactly_once(result, steps)
-    assert result["role"] == "standby-took-over"
+    # A standby that waited, or the fresh process started after the last kill that found the seat
+    # empty first (its role then says "primary"): either way it replayed the run.
     assert result["stats"]["replayed"] > 0
 
 

@@ -256,7 +256,7 @@ def test_a_replaced_proc_is_not_taken_for_the_holder_of_its_predecessors_results
         assert mesh.incr.call_one().get() == 1
         old = mesh._procs[0].id
         mesh.die.broadcast()  # the proc itself holds its result: nothing waits for the journal
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a new proc, on a loaded machine
         while (mesh._procs[0].id == old or not mesh._procs[0].alive) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert mesh._procs[0].id != old, "supervision did not replace the proc"

@@ -113,6 +113,7 @@ def ipc_event_synchronize(payload: bytes, out: Any) -> None:
     from regent import hipcore
 
     event, _flag = pickle.loads(payload)
+    out.put("opened")  # the test kills the owner only once the event is open here
     try:
         event.synchronize(timeout=60)
         out.put("completed")

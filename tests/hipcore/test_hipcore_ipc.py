@@ -70,6 +70,7 @@ def test_processes_waiting_on_an_ipc_event_see_the_work_before_it(spawn):
             assert via_stream == 42, "a stream waiting on the IpcEvent ran ahead of it"
 
 
+@pytest.mark.slow
 def test_an_ipc_event_whose_owner_is_killed_fails_its_waiters(spawn):
     to_parent, from_parent, out = spawn.Queue(), spawn.Queue(), spawn.Queue()
     owner = spawn.Process(target=children.ipc_event_owner, args=(to_parent, from_parent, 600.0))
@@ -77,7 +78,7 @@ def test_an_ipc_event_whose_owner_is_killed_fails_its_waiters(spawn):
     payload = to_parent.get(timeout=60)
     waiter = spawn.Process(target=children.ipc_event_synchronize, args=(payload, out))
     waiter.start()
-    time.sleep(0.5)
+    assert out.get(timeout=60) == "opened"
     os.kill(owner.pid, signal.SIGKILL)
     owner.join(10)
     t0 = time.monotonic()

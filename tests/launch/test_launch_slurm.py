@@ -75,7 +75,8 @@ def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3
     journal = re.search(r"journal (etcd://\S+):", _job_out(out))[1]
     listed = subprocess.run([sys.executable, "-m", "regent.cli", "hosts", "ls", "--cluster", f"slurm-{job}",
                              "--store", journal], capture_output=True, text=True, timeout=30)
-    assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == ["n1", "n2", "n3"], listed
+    assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == ["n1", "n2", "n3"], \
+        f"exit {listed.returncode}\nstdout:\n{listed.stdout}\nstderr:\n{listed.stderr}"
     os.kill(primary, signal.SIGKILL)
     record = slurm3.wait_job(job, timeout_s=180)
     text = _job_out(out)

@@ -52,7 +52,8 @@ def test_calls_made_by_actors_run_once_across_controller_kills(clusters):
     assert result["reports"] == expected["reports"]
     assert result["children"] == expected["children"]
     assert result["out"] == expected["out"]
-    assert result["role"] == "standby-took-over"
+    # The last leader replayed the run (it waited as a standby, or found the seat empty first).
+    assert result["replayed"] > 0
 
 
 RERUN = str(Path(__file__).parent / "programs" / "actor_rerun_failover.py")

@@ -175,7 +175,8 @@ def main() -> None:
         # stores' reports, read after, count every call.
         children = relay.children.call().get().values()
         reports = store.report.call().get().values() + [mine.report.call_one().get()]
-        print(json.dumps({"out": out, "reports": reports, "children": children, "role": s.role}), flush=True)
+        print(json.dumps({"out": out, "reports": reports, "children": children, "role": s.role,
+                          "replayed": s.stats["replayed"]}), flush=True)
 
 
 if __name__ == "__main__":
