@@ -18,6 +18,7 @@ import time
 from regent.journal.hosts import (
     DEFAULT_HOST_TTL_S,
     HostMembership,
+    HostNameInUse,
     HostRecord,
     check_name,
     registered_hosts,
@@ -93,6 +94,12 @@ def cluster_agent(argv: list[str]) -> int:
     # agents can share a machine; its procs restart it, should it die, with this command.
     host_file = regent_home() / f"host-{a.cluster}-{name}.json"
     os.environ[discovery.HOST_FILE_ENV] = str(host_file)
+    live = discovery.live_host_record()
+    if live is not None:
+        print(f"regent host: an agent of cluster {a.cluster!r} named {name!r} already runs on this machine "
+              f"(pid {live['pid']}, at {live['address']}): stop it first, or give this one another --name",
+              file=sys.stderr)
+        return 2
     os.environ["REGENT_HOST_NAME"] = name  # its procs' output is prefixed with it
     _pin_interfaces(a.advertise)
     again = [x for x in argv if x != "--daemonize"]
@@ -109,7 +116,11 @@ def cluster_agent(argv: list[str]) -> int:
         def describe(incarnation: str) -> HostRecord:
             return _describe(name, agent.inbox.address, incarnation)
 
-        membership = HostMembership(journal.backend, a.cluster, name, describe, a.ttl).start()
+        try:
+            membership = HostMembership(journal.backend, a.cluster, name, describe, a.ttl).start()
+        except BaseException:
+            journal.close()
+            raise
 
         def leave() -> None:
             try:
@@ -118,7 +129,11 @@ def cluster_agent(argv: list[str]) -> int:
                 journal.close()
         return leave
 
-    serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join)
+    try:
+        serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join)
+    except HostNameInUse as e:
+        print(f"regent host: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

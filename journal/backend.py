@@ -189,9 +189,11 @@ class Backend(Protocol):
 
     def session_names(self) -> list[str]: ...
 
-    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float) -> HostLease:
-        """Register host `host_id` of `cluster` (replacing any earlier registration of that id)
-        under a fresh lease of `ttl_s`: the entry vanishes when the lease is not renewed."""
+    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float,
+                     replace: bytes | None = None) -> HostLease:
+        """Register host `host_id` of `cluster` under a fresh lease of `ttl_s`: the entry
+        vanishes when the lease is not renewed. A live entry of that id is replaced only when its
+        value is exactly `replace`; otherwise HostTaken carries it. One atomic step."""
 
     def renew_host(self, lease: HostLease) -> bool:
         """Renew a host's lease; False once it has expired or the entry was replaced (the

@@ -58,3 +58,12 @@ class UntrustedJournal(JournalError, PermissionError):
     Replay unpickles values from the journal, so such a file could run code in the
     controller: it is refused before anything is read from it.
     """
+
+
+class HostTaken(JournalError):
+    """A live registration holds this host id (its lease has not run out): joining would take
+    it from an agent that still renews it. `holder` is that registration's stored value."""
+
+    def __init__(self, cluster: str, host_id: str, holder: bytes) -> None:
+        self.cluster, self.host_id, self.holder = cluster, host_id, holder
+        super().__init__(f"host {host_id!r} of cluster {cluster!r} is registered by a live agent")

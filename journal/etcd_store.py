@@ -50,7 +50,7 @@ from ._etcd_keys import (
 from ._etcd_snapshot import SnapshotReader
 from .backend import Grant, HostLease, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
-from .errors import JournalError, JournalUnavailable, LeadershipLost
+from .errors import HostTaken, JournalError, JournalUnavailable, LeadershipLost
 from .etcd_target import ENV_CA, EtcdTarget
 
 log = structlog.get_logger("journal.etcd")
@@ -517,11 +517,25 @@ class EtcdStore:
 
     # host registration
 
-    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float) -> HostLease:
+    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float,
+                     replace: bytes | None = None) -> HostLease:
+        key = host_key(cluster, host_id)
+        t = self._client.transactions
+        # An entry lives exactly as long as its lease: one there is a live registration.
+        free = [t.create(key) == 0] if replace is None else [t.value(key) == replace]
         lease = self._retry(lambda: self._client.lease(max(1, math.ceil(ttl_s))), what="grant host lease")
         try:
-            self._retry(lambda: self._client.put(host_key(cluster, host_id), value, lease.id),
-                        what="register host")
+            ok, responses = self._retry(lambda: self._txn(free, [t.put(key, value, lease.id)], [t.get(key)]),
+                                        what="register host")
+            if not ok:
+                kvs = responses[-1] if responses else []
+                if replace is None and not kvs:
+                    # The entry vanished between the compare and now: try again, as free.
+                    self._revoke_quietly(lease.id)
+                    return self.join_cluster(cluster, host_id, value, ttl_s)
+                holder = kvs[0][0] if kvs else b""
+                if holder != value:  # a retry whose first try committed finds its own value
+                    raise HostTaken(cluster, host_id, holder)
         except BaseException:
             self._revoke_quietly(lease.id)
             raise

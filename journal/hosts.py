@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import structlog
 
 from .backend import Backend, HostLease
+from .errors import HostTaken, JournalError
 
 log = structlog.get_logger("journal.hosts")
 
@@ -102,6 +103,20 @@ def registered_hosts(backend: Backend, cluster: str) -> list[HostRecord]:
             if (rec := HostRecord.decode(host_id, value)) is not None]
 
 
+class HostNameInUse(JournalError):
+    """Another live agent holds this host name in the cluster: two agents must never share one
+    registration (each would take it from the other, over and over)."""
+
+
+def _in_use(cluster: str, host_id: str, holder: HostRecord | None) -> HostNameInUse:
+    who = (f"the agent at {holder.address} (pid {holder.pid} on {holder.hostname}, incarnation "
+           f"{holder.incarnation}, registered {holder.age_s():.0f} s ago)") if holder else "another agent"
+    return HostNameInUse(
+        f"host name {host_id!r} of cluster {cluster!r} is registered by {who}, whose lease is live: "
+        f"give this agent another name (--name), or stop that agent; a registration is taken over "
+        f"only once its lease has run out")
+
+
 class HostMembership:
     """Keeps one agent registered: joins, renews every third of the TTL, and joins again (as a
     new incarnation) once its entry is gone, e.g. after a store outage longer than the TTL.
@@ -122,6 +137,15 @@ class HostMembership:
         self._thread = threading.Thread(target=self._run, name="regent-host-membership", daemon=True)
 
     def start(self) -> HostMembership:
+        """Join now, raising HostNameInUse where a live agent holds the name, then keep the
+        registration alive from a thread (which also retries a join the store refused)."""
+        try:
+            self._join()
+        except HostNameInUse:
+            raise
+        except Exception as e:
+            log.warning("cannot reach the store to register this host; retrying", cluster=self.cluster,
+                        host=self.host_id, store=self.backend.url, error=str(e)[:300])
         self._thread.start()
         return self
 
@@ -150,6 +174,12 @@ class HostMembership:
                     self.lease = None
                     continue
                 renewed, failures = time.monotonic(), 0
+            except HostNameInUse as e:
+                # Taken while this agent's own lease had run out (cut off from the store): it
+                # stays unregistered until that agent goes, never taking the name back from it.
+                failures += 1
+                (log.error if failures in (1, 10) or failures % 100 == 0 else log.debug)(
+                    "this host's name was taken by another live agent; waiting for it to go", error=str(e))
             except Exception as e:
                 failures += 1
                 (log.warning if failures in (1, 10) or failures % 100 == 0 else log.debug)(
@@ -163,7 +193,18 @@ class HostMembership:
         record = self.describe(uuid.uuid4().hex[:12])
         if record.id != self.host_id or not literal_address(record.address):
             raise ValueError(f"host record {record} must carry id {self.host_id!r} and a literal tcp://IP:port")
-        self.lease = self.backend.join_cluster(self.cluster, self.host_id, record.encode(), self.ttl_s)
+        try:
+            self.lease = self.backend.join_cluster(self.cluster, self.host_id, record.encode(), self.ttl_s)
+        except HostTaken as taken:
+            holder = HostRecord.decode(self.host_id, taken.holder)
+            if holder is None or holder.address != record.address:
+                raise _in_use(self.cluster, self.host_id, holder) from None
+            # The holder served at the address this agent is bound to now, so it is dead: this
+            # is its successor (restarted by its procs), and takes the registration over at once.
+            self.lease = self.backend.join_cluster(self.cluster, self.host_id, record.encode(), self.ttl_s,
+                                                   replace=taken.holder)
+            log.info("took over the registration of a dead agent at this address", cluster=self.cluster,
+                     host=self.host_id, dead_pid=holder.pid, dead_incarnation=holder.incarnation)
         self.record = record
         self.joined.set()
         log.info("host registered", cluster=self.cluster, host=self.host_id, address=record.address,

@@ -26,7 +26,7 @@ import tenacity
 
 from .backend import Grant, HostLease, Incumbent, LogSnapshot, parse_stored_holder, stored_holder
 from .batching import Batch
-from .errors import JournalError, JournalUnavailable, LeadershipLost, UntrustedJournal
+from .errors import HostTaken, JournalError, JournalUnavailable, LeadershipLost, UntrustedJournal
 from .trust import prepare_journal_file
 
 log = structlog.get_logger("journal.sqlite")
@@ -477,10 +477,17 @@ class SqliteStore:
 
     # host registration: rows with a lease of their own, judged as leader rows are
 
-    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float) -> HostLease:
+    def join_cluster(self, cluster: str, host_id: str, value: bytes, ttl_s: float,
+                     replace: bytes | None = None) -> HostLease:
         token = secrets.token_hex(8)
         wall, mono = self._expiries(ttl_s)
         with self._write() as conn:
+            row = conn.execute(
+                "SELECT body, expires_at, mono_expires_at, clock FROM hosts WHERE cluster = ? AND id = ?",
+                (cluster, host_id),
+            ).fetchone()
+            if row is not None and self._live(row[1], row[2], row[3]) and bytes(row[0]) != replace:
+                raise HostTaken(cluster, host_id, bytes(row[0]))
             conn.execute(
                 "INSERT OR REPLACE INTO hosts (cluster, id, body, token, ttl, expires_at, "
                 "mono_expires_at, clock) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -10,9 +10,11 @@ import uuid
 import pytest
 
 from regent.journal import Journal
+from regent.journal.errors import HostTaken
 from regent.journal.hosts import (
     RUN_ENDED,
     HostMembership,
+    HostNameInUse,
     HostRecord,
     end_run,
     literal_address,
@@ -46,15 +48,68 @@ def test_a_joined_host_is_listed_until_its_lease_runs_out(journal: Journal, clus
     assert journal.sessions() == [] or all(s.name != "clusters" for s in journal.sessions())
 
 
-def test_a_second_join_replaces_the_first(journal: Journal, cluster: str) -> None:
+def test_a_live_registration_is_replaced_only_by_a_join_that_names_it(journal: Journal, cluster: str) -> None:
+    """join_cluster refuses a live entry (HostTaken carries it) unless told its exact value: the
+    one atomic step by which a successor takes over its dead predecessor's entry."""
     b = journal.backend
-    first = b.join_cluster(cluster, "h1", _record("h1", "old").encode(), 30.0)
-    second = b.join_cluster(cluster, "h1", _record("h1", "new").encode(), 30.0)
+    old = _record("h1", "old").encode()
+    first = b.join_cluster(cluster, "h1", old, 30.0)
+    with pytest.raises(HostTaken) as taken:
+        b.join_cluster(cluster, "h1", _record("h1", "new").encode(), 30.0)
+    assert taken.value.holder == old
+    with pytest.raises(HostTaken):  # naming another value than the live one takes nothing
+        b.join_cluster(cluster, "h1", _record("h1", "new").encode(), 30.0, replace=b"stale")
+    assert [r.incarnation for r in registered_hosts(b, cluster)] == ["old"] and b.renew_host(first)
+    second = b.join_cluster(cluster, "h1", _record("h1", "new").encode(), 30.0, replace=old)
     assert [r.incarnation for r in registered_hosts(b, cluster)] == ["new"]
     assert not b.renew_host(first), "the replaced registration still renewed as if it held the entry"
     assert b.renew_host(second)
     b.leave_cluster(second)
     assert registered_hosts(b, cluster) == []
+
+
+def test_a_second_agent_with_a_live_agents_name_is_refused_naming_the_holder(journal: Journal, cluster: str) -> None:
+    b = journal.backend
+    live = HostMembership(b, cluster, "h1", lambda inc: _record("h1", inc, "tcp://10.0.0.1:5000"), ttl_s=1.0).start()
+    try:
+        holder = registered_hosts(b, cluster)[0]
+        second = HostMembership(b, cluster, "h1", lambda inc: _record("h1", inc, "tcp://10.0.0.2:5000"), ttl_s=1.0)
+        with pytest.raises(HostNameInUse, match="tcp://10.0.0.1:5000") as refused:
+            second.start()
+        assert f"pid {os.getpid()}" in str(refused.value) and "--name" in str(refused.value)
+        time.sleep(1.5)  # past the TTL: the live agent renews, and keeps the same incarnation
+        assert [r.incarnation for r in registered_hosts(b, cluster)] == [holder.incarnation]
+    finally:
+        live.stop()
+
+
+def test_an_agent_at_its_dead_predecessors_address_takes_the_registration_over_at_once(
+        journal: Journal, cluster: str) -> None:
+    """Procs restart their dead agent at its address: the new one need not wait out the lease."""
+    b = journal.backend
+    dead = b.join_cluster(cluster, "h1", _record("h1", "dead", "tcp://10.0.0.1:5000").encode(), 30.0)
+    successor = HostMembership(b, cluster, "h1", lambda inc: _record("h1", inc, "tcp://10.0.0.1:5000"),
+                               ttl_s=1.0).start()
+    try:
+        assert successor.joined.is_set()
+        assert [r.incarnation for r in registered_hosts(b, cluster)] == [successor.record.incarnation]
+        assert not b.renew_host(dead)
+    finally:
+        successor.stop()
+
+
+def test_a_name_whose_lease_ran_out_is_taken_by_a_new_agent(journal: Journal, cluster: str) -> None:
+    b = journal.backend
+    b.join_cluster(cluster, "h1", _record("h1", "gone", "tcp://10.0.0.1:5000").encode(), 1.0)
+    deadline = time.monotonic() + 5
+    while registered_hosts(b, cluster):
+        assert time.monotonic() < deadline, "an unrenewed host entry outlived its lease"
+        time.sleep(0.1)
+    m = HostMembership(b, cluster, "h1", lambda inc: _record("h1", inc, "tcp://10.0.0.2:5000"), ttl_s=1.0).start()
+    try:
+        assert [r.address for r in registered_hosts(b, cluster)] == ["tcp://10.0.0.2:5000"]
+    finally:
+        m.stop()
 
 
 def test_malformed_entries_are_skipped(journal: Journal, cluster: str) -> None:
@@ -92,6 +147,7 @@ def test_only_literal_addresses_are_accepted() -> None:
     assert not literal_address("tcp://10.1.2.3")
 
 
+@pytest.mark.slow
 def test_membership_keeps_the_host_registered_across_a_store_outage(fresh_etcd, cluster: str) -> None:
     """etcd down for longer than the TTL: the agent keeps trying, and once etcd is back the
     host is registered again (etcd renews leases across its own restart, so it may well be

@@ -5,6 +5,7 @@ stops renewing: its host is lost, and it comes back as a new incarnation on SIGC
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,6 +108,36 @@ def test_waiting_for_more_hosts_than_registered_says_how_many_and_how_to_start_m
         del os.environ["REGENT_CLUSTER"]
     text = str(info.value)
     assert "'loop' has 2 of the 3 hosts" in text and "a, b" in text and "regent host --cluster loop" in text
+
+
+def _agent(url: str, name: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "regent.cli", "host", "--cluster", "loop", "--store", url,
+                           "--advertise", "127.0.0.1", "--name", name, "--ttl", str(TTL_S)],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_a_second_agent_with_a_live_hosts_name_is_refused_and_the_live_one_keeps_its_host(
+        loopback_cluster, tmp_path: Path) -> None:
+    """Another machine (its own REGENT_HOME, the cluster's keys) or this one starting an agent
+    under a name a live agent holds: refused at start, naming the holder; nothing flaps."""
+    url, agents = loopback_cluster
+    j = open_journal(url)
+    try:
+        before = {r.id: r for r in registered_hosts(j.backend, "loop")}["a"]
+        elsewhere = tmp_path / "elsewhere"
+        shutil.copytree(os.environ["REGENT_HOME"], elsewhere, ignore=shutil.ignore_patterns("host*"))
+        r = _agent(url, "a", {**os.environ, "REGENT_HOME": str(elsewhere)})
+        assert r.returncode == 2, r.stderr
+        assert "host name 'a' of cluster 'loop' is registered by the agent at " + before.address in r.stderr
+        assert f"pid {agents['a'].pid}" in r.stderr and "--name" in r.stderr
+        r = _agent(url, "a")  # on this machine, beside the live agent
+        assert r.returncode == 2 and "already runs on this machine" in r.stderr, r.stderr
+        time.sleep(2 * TTL_S)
+        after = {r.id: r for r in registered_hosts(j.backend, "loop")}["a"]
+        assert (after.incarnation, after.address) == (before.incarnation, before.address)
+        assert agents["a"].poll() is None
+    finally:
+        j.close()
 
 
 def test_an_agent_off_loopback_without_cluster_keys_refuses_to_start_and_says_how(tmp_path: Path) -> None:
