@@ -74,7 +74,8 @@ class ChaosReport:
     @property
     def injected(self) -> int:
         """Faults injected: every kill, pause, partition, toxic and packet fault (not their undoing)."""
-        return sum(1 for f in self.faults if f.kind in ("kill", "pause", "down", "toxic_add", *PACKET_KINDS))
+        return sum(1 for f in self.faults if f.kind in ("kill", "kill_host", "pause", "down", "toxic_add",
+                                                         *PACKET_KINDS))
 
     @property
     def ok(self) -> bool:
@@ -184,6 +185,8 @@ def check_run(
     executions = [e for e in executions if e.pid not in pids]
     killed = {int(e.detail["pid"]) for e in events
               if e.kind == "kill" and e.target.startswith("proc") and isinstance(e.detail.get("pid"), int)}
+    killed |= {p for e in events if e.kind == "kill_host" for p in e.detail.get("procs") or ()
+               if isinstance(p, int)}  # a host's procs die with it
     _check_calls(rep, recs, executions, killed, theirs)
     if verify is not None:
         rep.journal_ok = bool(verify.ok)
@@ -380,6 +383,10 @@ def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]],
             effect = "etcd member SIGKILLed; the others elect a leader if it led, and the client moves on"
         elif e.kind == "restart":
             effect = "etcd started again on the same data"
+        elif e.kind == "kill_host":
+            n_fail = sum(v for k, v in fails.items() if e.t - 0.1 <= k <= e.t + 5)
+            effect = (f"host killed with its {len(e.detail.get('procs') or ())} procs; "
+                      + (f"{n_fail} call points failed (SupervisionError seen)" if n_fail else "no call failed"))
         elif e.kind == "kill" and e.target == "host":
             effect = "host agent SIGKILLed; its procs keep running, start a new agent at its address and are adopted"
         elif e.kind in ("toxic_add", "down", "pause"):

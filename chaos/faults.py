@@ -25,7 +25,9 @@ __all__ = [
     "FaultEvent",
     "FaultLog",
     "ProcessFaultError",
+    "host_processes",
     "kill",
+    "kill_host",
     "pause",
     "paused",
     "process_state",
@@ -119,6 +121,55 @@ def kill(
     event = _event(log_to, "kill", target or f"pid:{pid}", _detail(pid, "SIGKILL", note))
     # A SIGSTOPped process still dies of SIGKILL; waiting makes "killed" mean killed.
     _await_state(pid, lambda s: s in GONE, wait_s, "die after SIGKILL")
+    return event
+
+
+def host_processes(agent_pid: int) -> list[int]:
+    """The live processes host agent `agent_pid` started, read from outside: every process whose
+    command line names one of the agent's listening TCP addresses as its `--host-inbox` (its
+    procs, and procs their actors spawned). An agent listening on every address is matched
+    by port."""
+    try:
+        conns = psutil.Process(agent_pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        raise ProcessFaultError(f"cannot find the procs of host agent pid {agent_pid}: no such process") from None
+    listening = [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+
+    def started_by_agent(inbox: str) -> bool:
+        host, _, port = inbox.removeprefix("tcp://").rpartition(":")
+        return any(str(p) == port and ip in (host.strip("[]"), "0.0.0.0", "::") for ip, p in listening)
+
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        inboxes = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--host-inbox"]
+        if proc.info["pid"] != agent_pid and any(started_by_agent(a) for a in inboxes):
+            out.append(proc.info["pid"])
+    return sorted(out)
+
+
+def kill_host(
+    agent_pid: int,
+    *,
+    target: str | None = None,
+    log_to: FaultLog | None = None,
+    note: Mapping[str, Any] | None = None,
+    wait_s: float = 5.0,
+) -> FaultEvent:
+    """A machine's death: SIGKILL host agent `agent_pid` and every process it started, together.
+    All are SIGSTOPped first, so that none sees another die (a proc would start a new agent,
+    an agent would report its procs' deaths); then all are SIGKILLed and awaited."""
+    pids = [agent_pid, *host_processes(agent_pid)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    event = _event(log_to, "kill_host", target or f"pid:{agent_pid}",
+                   {**_detail(agent_pid, "SIGKILL", note), "procs": pids[1:]})
+    for pid in pids:
+        _await_state(pid, lambda s: s in GONE, wait_s, "die after SIGKILL")
     return event
 
 

@@ -276,6 +276,9 @@ class ScheduleRunner:
                     pid, note["in_flight"] = self._await_call(fault)
                 process_faults.kill(pid, target=fault.target, log_to=self.faults, note=note)
                 return None
+            if fault.kind == "kill_host":
+                process_faults.kill_host(pid, target=fault.target, log_to=self.faults, note=self._note(index))
+                return None
             return self._apply_pause(index, fault, pid)
         except Exception as exc:  # a fault that cannot be applied must not end the run
             self._error(index, fault, "apply", exc)

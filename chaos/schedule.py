@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 LINK_KINDS: tuple[str, ...] = (*TOXICS, "down")
-PROCESS_KINDS: tuple[str, ...] = ("kill", "pause")
+PROCESS_KINDS: tuple[str, ...] = ("kill", "pause", "kill_host")  # kill_host: an agent and all it started
 IN_FLIGHT = "in_flight_s"  # the attribute of a kill or toxic that waits for a call to be running
 FAULT_KINDS: tuple[str, ...] = (*LINK_KINDS, *PROCESS_KINDS, *PACKET_KINDS)
 
@@ -100,9 +100,9 @@ class Fault:
             or self.after_calls < 0
         ):
             raise ScheduleError(f"'after_calls': must be an integer >= 0, got {self.after_calls!r}")
-        if self.kind == "kill":
+        if self.kind in ("kill", "kill_host"):
             if self.duration_s is not None:
-                raise ScheduleError("'duration_s': a kill has no duration; remove it")
+                raise ScheduleError(f"'duration_s': a {self.kind} has no duration; remove it")
         elif self.duration_s is not None:
             _check_number("duration_s", self.duration_s, minimum=0.0, exclusive=True)
         if self.kind in TOXICS:
@@ -355,7 +355,8 @@ def random_schedule(
         return link_names if kind in LINK_KINDS else host_names if kind in PACKET_KINDS else proc_names
 
     if kinds is None:
-        chosen = [k for k in FAULT_KINDS if pool(k) and k != "netem"]
+        # kill_host needs host agents as targets: drawn only when asked for.
+        chosen = [k for k in FAULT_KINDS if pool(k) and k not in ("netem", "kill_host")]
     else:
         chosen = list(dict.fromkeys(kinds))
     if not chosen:
@@ -380,7 +381,7 @@ def random_schedule(
         target = _random_host_target(kind, host_names, rng) if kind in PACKET_KINDS else rng.choice(pool(kind))
         at_s = round(rng.uniform(0.0, duration_s * 0.9), 3)
         duration = None
-        if kind != "kill":
+        if kind not in ("kill", "kill_host"):
             longest = duration_s - at_s
             drawn_s = rng.uniform(*fault_s) if fault_s else rng.uniform(0.05, 0.3) * duration_s
             duration = round(min(longest, drawn_s), 3)

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from regent.chaos import FaultLog, ProcessFaultError, kill, pause, paused, process_state, resume
+from regent.chaos import (
+    FaultLog,
+    ProcessFaultError,
+    host_processes,
+    kill,
+    kill_host,
+    pause,
+    paused,
+    process_state,
+    resume,
+)
 
 RUNNING = ("running", "sleeping", "disk-sleep")  # disk-sleep: a brief uninterruptible wait
 
@@ -98,3 +109,48 @@ def test_a_chaos_etcd_whose_port_was_taken_since_it_was_chosen_starts_on_another
         server.reap()
         server.start()  # a restart keeps the port its clients know
         assert server.client_port == moved and server.running
+
+
+AGENT = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+def _agent() -> tuple[subprocess.Popen, int]:
+    agent = subprocess.Popen([sys.executable, "-c", AGENT], stdout=subprocess.PIPE, text=True)
+    return agent, int(agent.stdout.readline())
+
+
+def _proc_of(port: int) -> subprocess.Popen:
+    # What the command line of a proc an agent started says of it (worker.proc's flags).
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--id", "p",
+                             "--host-inbox", f"tcp://127.0.0.1:{port}"])
+
+
+def test_kill_host_kills_the_agent_and_every_proc_it_started_and_nothing_else() -> None:
+    (agent, port), (other, other_port) = _agent(), _agent()
+    procs, bystander = [_proc_of(port), _proc_of(port)], _proc_of(other_port)
+    try:
+        deadline = time.monotonic() + 10
+        while host_processes(agent.pid) != sorted(p.pid for p in procs):
+            assert time.monotonic() < deadline, host_processes(agent.pid)
+            time.sleep(0.05)
+        log = FaultLog()
+        event = kill_host(agent.pid, target="host/a", log_to=log)
+        assert event.kind == "kill_host" and event.detail["procs"] == sorted(p.pid for p in procs)
+        for p in [agent, *procs]:
+            assert p.wait(5) == -signal.SIGKILL
+        assert other.poll() is None and bystander.poll() is None
+        assert [e.kind for e in log.events()] == ["kill_host"]
+    finally:
+        for p in [agent, other, *procs, bystander]:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    with pytest.raises(ProcessFaultError, match="no such process"):
+        host_processes(agent.pid)

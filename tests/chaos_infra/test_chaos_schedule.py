@@ -168,7 +168,8 @@ def test_random_schedule_is_reproducible_from_its_seed() -> None:
 
 def test_random_schedule_stays_within_its_targets_kinds_and_duration() -> None:
     schedule = random_schedule(3, 5.0, 200, LINKS, PROCESSES)
-    assert {f.kind for f in schedule.faults} == set(FAULT_KINDS) - set(PACKET_KINDS)  # no hosts given
+    # No hosts given; and a host kill only when asked for (it needs host agents as targets).
+    assert {f.kind for f in schedule.faults} == set(FAULT_KINDS) - set(PACKET_KINDS) - {"kill_host"}
     for fault in schedule.faults:
         assert fault.target in (LINKS if fault.kind in LINK_KINDS else PROCESSES)
         assert 0.0 <= fault.at_s <= 5.0
@@ -179,6 +180,10 @@ def test_random_schedule_stays_within_its_targets_kinds_and_duration() -> None:
     assert [f.at_s for f in schedule.faults] == sorted(f.at_s for f in schedule.faults)
     assert parse_schedule(schedule.to_dict()) == schedule  # drawn faults are valid faults
 
+    hosts = random_schedule(3, 5.0, 10, LINKS, ["host/a", "host/b"], kinds=["kill_host"])
+    assert {f.kind for f in hosts.faults} == {"kill_host"} and all(f.duration_s is None for f in hosts.faults)
+    with pytest.raises(ScheduleError, match="a kill_host has no duration"):
+        Fault("kill_host", "host/a", at_s=0.0, duration_s=1.0)
     only = random_schedule(3, 5.0, 30, LINKS, kinds=["latency", "down"])
     assert {f.kind for f in only.faults} == {"latency", "down"}
     with pytest.raises(ScheduleError, match="kind 'kill' needs at least one process"):

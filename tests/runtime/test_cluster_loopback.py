@@ -13,9 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from regent import Actor, Session, SupervisionError, endpoint
+from regent.chaos import host_processes, kill_host
 from regent.journal import open_journal
 from regent.journal.hosts import registered_hosts
 
@@ -108,6 +110,24 @@ def test_waiting_for_more_hosts_than_registered_says_how_many_and_how_to_start_m
         del os.environ["REGENT_CLUSTER"]
     text = str(info.value)
     assert "'loop' has 2 of the 3 hosts" in text and "a, b" in text and "regent host --cluster loop" in text
+
+
+def test_a_host_killed_with_all_its_procs_is_lost_and_its_points_fail(loopback_cluster) -> None:
+    """chaos's kill_host (the agent and every proc it started, at once), on a real agent: no
+    proc of the host survives to start a new agent, and the controller takes the host for lost."""
+    url, agents = loopback_cluster
+    with Session("loop-host-kill", journal=url) as s:
+        e = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 2}).spawn("e", Echo)
+        pids = e.pid.call().get().values()
+        assert host_processes(agents["a"].pid) == sorted(pids[:2])
+        event = kill_host(agents["a"].pid, target="host/a")
+        assert event.detail["procs"] == sorted(pids[:2])
+        with pytest.raises(SupervisionError, match="lost|unreachable"):
+            for _ in range(3):
+                e.slice(hosts=0).pid.call().get(timeout=10)
+        assert e.slice(hosts=1).pid.call().get().values() == pids[2:]
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                       for p in [agents["a"].pid, *pids[:2]])
 
 
 def _agent(url: str, name: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
