@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from regent.controller.session import DEPOSED_EXIT_STATUS
@@ -77,25 +77,33 @@ def launch_env(cluster: str, journal: str, base: Mapping[str, str] | None = None
 
 
 def etcd_command(data_dir: str, address: str, port: int, name: str = "regent") -> list[str]:
-    """A single-member etcd serving clients on address:port (its peer port on loopback)."""
+    """A single-member etcd serving clients on address:port, its peer port next to it on the same
+    address (a fixed loopback port would collide with any other etcd on the machine)."""
     binary = shutil.which("etcd") or "etcd"
-    peer = f"http://127.0.0.1:{port + 1}"
+    peer = f"http://{address}:{port + 1}"
     return [binary, "--name", name, "--data-dir", data_dir,
             "--listen-client-urls", f"http://{address}:{port}", "--advertise-client-urls", f"http://{address}:{port}",
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"{name}={peer}", "--log-level", "warn"]
 
 
-def ended_the_run(status: int, others_running: bool) -> bool:
+SSH_GONE = 255  # ssh's status for a remote command killed by a signal, or a connection cut
+
+
+def ended_the_run(status: int, others_running: bool, over_ssh: bool = False) -> bool:
     """Whether a controller that exited with `status` ended the run: it did unless it was
-    deposed or killed while another controller (a standby) still runs to carry the run on."""
-    return not others_running or status not in (DEPOSED_EXIT_STATUS, *KILLED)
+    deposed or killed while another controller (a standby) still runs to carry the run on.
+    Through ssh a killed controller exits 255, as does one whose connection was cut: gone
+    either way, it leaves the run to the others."""
+    gone = (DEPOSED_EXIT_STATUS, *KILLED, *((SSH_GONE,) if over_ssh else ()))
+    return not others_running or status not in gone
 
 
 def supervise(procs: Sequence[subprocess.Popen], stop: Callable[[subprocess.Popen], None] | None = None,
-              poll_s: float = 0.05) -> int:
+              poll_s: float = 0.05, over_ssh: Collection[subprocess.Popen] = ()) -> int:
     """Wait until a controller ends the run; stop the others (standbys, which would take over
-    an ended session and start it anew); the run's status."""
+    an ended session and start it anew); the run's status. `over_ssh`: the controllers that
+    run on another host through ssh."""
     stop = stop or _kill
     waiting = list(procs)  # a controller deposed or killed while others ran leaves this list
     while True:
@@ -103,7 +111,8 @@ def supervise(procs: Sequence[subprocess.Popen], stop: Callable[[subprocess.Pope
         running = [p for p in waiting if p.returncode is None]
         # A status that ends the run whoever else still runs; a deposed or killed one only
         # when nobody is left to carry the run on.
-        final = next(((p, code) for p, code in exited if ended_the_run(code, others_running=True)), None)
+        final = next(((p, code) for p, code in exited
+                      if ended_the_run(code, others_running=True, over_ssh=p in over_ssh)), None)
         if final is None and exited and not running:
             final = exited[-1]
         if final is not None:

@@ -269,7 +269,8 @@ class SshLaunch:
 
         previous = signal.signal(signal.SIGINT, interrupt), signal.signal(signal.SIGTERM, interrupt)
         try:
-            status = supervise(procs, stop=self._stop_controller)
+            status = supervise(procs, stop=self._stop_controller,
+                               over_ssh=[self.standby.popen] if self.standby is not None else [])
         finally:
             signal.signal(signal.SIGINT, previous[0])
             signal.signal(signal.SIGTERM, previous[1])

@@ -213,7 +213,8 @@ def test_the_containers_form_a_cluster_that_runs_a_program_through_a_failover(k8
     done = _launch(str(MIXED), "--hosts", "3", "--image", "this-checkout", "--python", sys.executable,
                    "--name", "job", "--env", f"REGENT_TEST_SESSION={session}", "--env", "REGENT_TEST_HOSTS=3",
                    "--env", f"REGENT_TEST_STEPS={STEPS}", "--env", f"REGENT_TEST_LEADER_FILE={leaders}",
-                   "--env", "REGENT_TEST_TTL=1.0", home=home)
+                   "--env", "REGENT_TEST_TTL=3.0",  # a lease a loaded machine keeps
+                   "--env", "REGENT_TEST_STEP_S=0.05", home=home)  # >= 7.5 s live: the kill lands mid-run
     assert done.returncode == 0, done.stderr
     objs = _objects(done.stdout)
     image_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}

@@ -61,7 +61,9 @@ def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3
     out, leaders, session = tmp_path / "job.out", tmp_path / "leaders", f"sl-{uuid.uuid4().hex[:8]}"
     done = _launch(slurm3, home, str(MIXED), "--nodes", "3", "--standby", "--submit", "--output", str(out),
                    REGENT_TEST_SESSION=session, REGENT_TEST_HOSTS="3",
-                   REGENT_TEST_STEPS=str(STEPS), REGENT_TEST_LEADER_FILE=str(leaders), REGENT_TEST_TTL="1.0")
+                   REGENT_TEST_STEPS=str(STEPS), REGENT_TEST_LEADER_FILE=str(leaders),
+                   REGENT_TEST_TTL="3.0",  # a lease a loaded machine keeps
+                   REGENT_TEST_STEP_S="0.05")  # >= 7.5 s live: the kill lands mid-run
     assert done.returncode == 0, done.stderr
     job = int(done.stdout.strip())
     assert "submitted job" in done.stderr and "a standby on the second node" in done.stderr

@@ -39,6 +39,9 @@ def test_who_ends_a_run() -> None:
     assert not ended_the_run(DEPOSED_EXIT_STATUS, others_running=True)
     assert not ended_the_run(-9, others_running=True) and not ended_the_run(137, others_running=True)
     assert ended_the_run(DEPOSED_EXIT_STATUS, others_running=False)  # nobody left to carry it on
+    # Through ssh a SIGKILLed controller (or a cut connection) exits 255: gone, not the run's end.
+    assert not ended_the_run(255, others_running=True, over_ssh=True)
+    assert ended_the_run(255, others_running=True) and ended_the_run(255, others_running=False, over_ssh=True)
 
 
 class _Exited:

@@ -78,6 +78,7 @@ def test_an_idle_proc_stops_spinning():
     assert idle_cpu < 0.3, f"an idle proc used {idle_cpu:.2f} s of CPU in 1 s"
 
 
+@pytest.mark.serial  # counts calls and ticks in 0.8 s: timing, measured alone
 def test_a_proc_loop_runs_its_tasks_while_calls_keep_the_reader_spinning(own_home):
     # A spin budget far longer than the gap between calls: without the reader's time
     # slice, the proc would never leave its reader and the actor's task would never tick.

@@ -233,6 +233,7 @@ class SshHosts:
                 child.kill()
             except psutil.Error:
                 pass
+        psutil.wait_procs(sessions, timeout=5)  # gone, not only signalled, when this returns
 
     def sshd_pids(self) -> list[int]:
         return [p.pid for p in self._sshd.values()]

@@ -1,7 +1,8 @@
 """A controller program for failover tests: mixed calls, spawns and observations.
 
 Configured by environment: REGENT_TEST_JOURNAL, REGENT_TEST_SESSION, REGENT_TEST_STEPS,
-REGENT_TEST_LEADER_FILE (this process appends its pid when it leads), REGENT_TEST_CHANGE_AT
+REGENT_TEST_LEADER_FILE (this process appends its pid when it leads), REGENT_TEST_STEP_S (a pause
+after each live step), REGENT_TEST_CHANGE_AT
 (make a different call at that step: a program edited mid-session).
 Prints one JSON line: the program's observations and each actor's execution counts.
 """
@@ -58,6 +59,8 @@ class Worker(Actor):
 def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "40"))
     change_at = int(os.environ.get("REGENT_TEST_CHANGE_AT", "-1"))
+    # A pause after each live step (results do not depend on it): a run a test can catch midway.
+    pace_s = float(os.environ.get("REGENT_TEST_STEP_S", "0"))
     with session_from_env() as s:
         note_leader()
         # REGENT_TEST_HOSTS: the three actors on three hosts of $REGENT_CLUSTER, one each.
@@ -86,6 +89,7 @@ def main() -> None:
                 out.append(w.slice(**{dim: i % 3}).work.call_one(f"o{i}", 1).get() >= 0)
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
+                time.sleep(pace_s)
         reports = w.report.call().get().values()
         pids = w.pid.call().get().values()
         elapsed_known = s.now() >= started
