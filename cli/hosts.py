@@ -100,6 +100,7 @@ def cluster_agent(argv: list[str]) -> int:
               f"(pid {live['pid']}, at {live['address']}): stop it first, or give this one another --name",
               file=sys.stderr)
         return 2
+    predecessor = discovery.host_record()  # not live (above): the dead agent this one succeeds
     os.environ["REGENT_HOST_NAME"] = name  # its procs' output is prefixed with it
     _pin_interfaces(a.advertise)
     again = [x for x in argv if x != "--daemonize"]
@@ -117,7 +118,8 @@ def cluster_agent(argv: list[str]) -> int:
             return _describe(name, agent.inbox.address, incarnation)
 
         try:
-            membership = HostMembership(journal.backend, a.cluster, name, describe, a.ttl).start()
+            membership = HostMembership(journal.backend, a.cluster, name, describe, a.ttl,
+                                        predecessor=predecessor).start()
         except BaseException:
             journal.close()
             raise

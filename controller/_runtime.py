@@ -98,6 +98,7 @@ class Runtime:
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
         self.procs: dict[str, ProcRef] = {}
         self.hosts: dict[str, str] = {}  # host address -> last hello
+        self.moved_hosts: dict[str, str] = {}  # a journaled agent address -> where its successor serves
         self.lost_hosts: dict[str, str] = {}  # cluster hosts whose registration vanished -> why
         self.quiet: Callable[[], bool] = lambda: False  # replaying: procs' output is not printed again
         self._requests: dict[int, Future] = {}
@@ -150,6 +151,7 @@ class Runtime:
 
     def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
         """A request to a host agent, answered through the inbox."""
+        host = self.moved_hosts.get(host, host)
         if host in self.lost_hosts:
             from regent.worker.errors import SupervisionError
 
@@ -204,6 +206,11 @@ class Runtime:
 
     def register_host(self, host: str) -> None:
         self.hosts[host] = host
+
+    def host_moved(self, was: str, now: str) -> None:
+        """The agent journaled at `was` serves at `now` (a successor that could not take its
+        address): requests for the procs it owns go there."""
+        self.moved_hosts[was] = now
 
     def host_lost(self, host: str, reason: str) -> None:
         """A cluster host is gone (controller/cluster.py): its procs are dead to this session and

@@ -101,6 +101,7 @@ class ClusterHosts:
                 log.warning("the journaled host agent moved; using its new address", cluster=cluster,
                             host=entry["id"], was=addr, now=current.address)
                 addr = current.address
+                self.runtime.host_moved(entry["addr"], addr)
                 self.runtime.host_request(addr, "hello", timeout=10.0)
             elif not replaying:
                 raise SupervisionError(f"host {entry['id']} of cluster {cluster!r} at {addr} is registered but "

@@ -121,11 +121,15 @@ class HostMembership:
     """Keeps one agent registered: joins, renews every third of the TTL, and joins again (as a
     new incarnation) once its entry is gone, e.g. after a store outage longer than the TTL.
 
-    `describe(incarnation)` builds the record to register."""
+    `describe(incarnation)` builds the record to register. `predecessor` is the dead agent this
+    one succeeds on its machine ({"pid", "address"} from its host file), whose registration it
+    takes over at once, at whatever address it now serves."""
 
     def __init__(self, backend: Backend, cluster: str, host_id: str,
-                 describe: Callable[[str], HostRecord], ttl_s: float = DEFAULT_HOST_TTL_S):
+                 describe: Callable[[str], HostRecord], ttl_s: float = DEFAULT_HOST_TTL_S,
+                 predecessor: dict | None = None):
         self.backend = backend
+        self.predecessor = predecessor
         self.cluster = check_name(cluster, "cluster name")
         self.host_id = check_name(host_id, "host name")
         self.describe = describe
@@ -189,6 +193,14 @@ class HostMembership:
                     self.lease = None  # expired meanwhile: controllers took this host for dead
             self._stop.wait(self.ttl_s / 3 if failures == 0 else min(0.5, self.ttl_s / 6))
 
+    def _succeeds(self, holder: HostRecord, record: HostRecord) -> bool:
+        """Whether `holder` is known dead to this agent: it advertised the address this agent is
+        bound to now, or it is the predecessor this agent's host file named (found not running)."""
+        if holder.address == record.address:
+            return True
+        pred = self.predecessor or {}
+        return pred.get("pid") == holder.pid and pred.get("address") == holder.address
+
     def _join(self) -> None:
         record = self.describe(uuid.uuid4().hex[:12])
         if record.id != self.host_id or not literal_address(record.address):
@@ -197,10 +209,10 @@ class HostMembership:
             self.lease = self.backend.join_cluster(self.cluster, self.host_id, record.encode(), self.ttl_s)
         except HostTaken as taken:
             holder = HostRecord.decode(self.host_id, taken.holder)
-            if holder is None or holder.address != record.address:
+            if holder is None or not self._succeeds(holder, record):
                 raise _in_use(self.cluster, self.host_id, holder) from None
-            # The holder served at the address this agent is bound to now, so it is dead: this
-            # is its successor (restarted by its procs), and takes the registration over at once.
+            # The holder is dead: this agent serves at its address, or succeeds it on its machine
+            # (restarted by its procs); it takes the registration over at once.
             self.lease = self.backend.join_cluster(self.cluster, self.host_id, record.encode(), self.ttl_s,
                                                    replace=taken.holder)
             log.info("took over the registration of a dead agent at this address", cluster=self.cluster,

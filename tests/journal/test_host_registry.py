@@ -96,6 +96,21 @@ def test_an_agent_at_its_dead_predecessors_address_takes_the_registration_over_a
         assert not b.renew_host(dead)
     finally:
         successor.stop()
+    # A successor that could not bind the dead agent's port serves elsewhere: its host file named
+    # that agent (pid and address), so it takes over all the same.
+    gone = _record("h2", "dead", "tcp://10.0.0.1:5001")
+    b.join_cluster(cluster, "h2", gone.encode(), 30.0)
+    moved = HostMembership(b, cluster, "h2", lambda inc: _record("h2", inc, "tcp://10.0.0.1:6001"), ttl_s=1.0,
+                           predecessor={"pid": gone.pid, "address": gone.address})
+    stranger = HostMembership(b, cluster, "h2", lambda inc: _record("h2", inc, "tcp://10.0.0.1:6002"), ttl_s=1.0,
+                              predecessor={"pid": gone.pid + 1, "address": gone.address})
+    with pytest.raises(HostNameInUse):
+        stranger.start()
+    moved.start()
+    try:
+        assert {r.id: r.address for r in registered_hosts(b, cluster)}["h2"] == "tcp://10.0.0.1:6001"
+    finally:
+        moved.stop()
 
 
 def test_a_name_whose_lease_ran_out_is_taken_by_a_new_agent(journal: Journal, cluster: str) -> None:
