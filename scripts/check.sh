@@ -10,8 +10,7 @@ scripts/install_etcd.sh
 scripts/install_toxiproxy.sh
 scripts/install_porcupine.sh
 export PATH="$PWD/.tools/bin:$PATH"
-.venv/bin/ruff check regent controller worker wire hipcore journal chaos cli tests bench examples
-.venv/bin/lint-imports
+scripts/lint.sh
 export REGENT_FUZZ_EXAMPLES=${REGENT_FUZZ_EXAMPLES:-40}
 exec .venv/bin/python -m pytest -q --durations=10 -n "${REGENT_TEST_WORKERS:-4}" --dist loadfile \
   -m "not slow and not serial" \

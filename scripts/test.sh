@@ -17,8 +17,7 @@ scripts/install_netns_tools.sh
 scripts/install_slurm.sh
 scripts/install_sshd.sh
 export PATH="$PWD/.tools/bin:$PATH"
-.venv/bin/ruff check regent controller worker wire hipcore journal chaos cli tests bench examples
-.venv/bin/lint-imports  # the layering contracts in pyproject.toml
+scripts/lint.sh
 set +e
 
 workers=${REGENT_TEST_WORKERS:-6}
