@@ -259,7 +259,10 @@ class SshLaunch:
             procs.append(self.standby.popen)
             say(PROG, f"standby controller on {a.standby_on}")
 
+        interrupted: list[int] = []
+
         def interrupt(signum: int, frame: object) -> None:
+            interrupted.append(signum)
             for p in self.controllers:
                 if p.poll() is None:
                     p.send_signal(signum)
@@ -274,6 +277,9 @@ class SshLaunch:
         finally:
             signal.signal(signal.SIGINT, previous[0])
             signal.signal(signal.SIGTERM, previous[1])
+        if interrupted and status == 0:
+            # Stopped by Ctrl-C or SIGTERM, the run did not end by itself: say so, as a shell does.
+            status = 128 + interrupted[0]
         say(PROG, f"the run ended with status {status}")
         return status
 
