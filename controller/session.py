@@ -211,7 +211,9 @@ class Session:
         """Any thread (the lease keeper's, or an append's)."""
         self._lost = f"leadership of session {self.name!r} lost: {reason}"
         log.error("leadership lost; this controller stops driving workers", session=self.name, reason=reason)
-        self.runtime.fail_all(self._lost)
+        runtime = getattr(self, "runtime", None)  # lost while the session was still being built: it raises
+        if runtime is not None:
+            runtime.fail_all(self._lost)
 
     def _on_journal_failed(self, exc: BaseException) -> None:
         """The writer could not append (its thread): the next call raises why (_check_live).

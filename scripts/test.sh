@@ -25,6 +25,15 @@ start=$(date +%s)
 # The slowest tests are listed at the end of each part: the suite must stay under 30 min here.
 .venv/bin/python -m pytest -q --durations=15 -n "$workers" --dist loadfile -m "not serial" "$@"
 parallel=$?
+if [ "$parallel" -eq 1 ]; then
+  # A test that failed beside the other workers runs again, alone: one that passes then failed
+  # only under the machine's load. It is named here, as a bug of its own to fix (a bound that
+  # load breaks); one that fails alone too fails the suite.
+  echo "test suite: these failed with $workers workers beside them; running them again alone:" >&2
+  .venv/bin/python -m pytest -q -p no:xdist --lf --last-failed-no-failures none -m "not serial" "$@"
+  parallel=$?
+  [ "$parallel" -eq 0 ] && echo "test suite: FLAKY UNDER LOAD: the tests above failed beside the other workers and passed alone" >&2
+fi
 .venv/bin/python -m pytest -q --durations=15 -p no:xdist -m serial "$@"
 serial=$?
 echo "test suite: $(( $(date +%s) - start )) s (parallel part exit $parallel, serial part exit $serial)"

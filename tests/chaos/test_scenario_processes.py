@@ -29,7 +29,9 @@ def test_etcd_sigkilled_and_restarted_mid_session_costs_time_not_calls(toxiproxy
     run = run_schedule(toxiproxy, etcd, tmp_path, name("etcdkill"), sched, expected=baseline(steps),
                        steps=steps, ttl_s=2.0, env=PACED)
     assert_verdict(run, "etcd SIGKILL+restart")
-    assert run.report.injected == 2 and len(run.cluster.etcd_restarts) == 2
+    # A kill that finds etcd still starting from the first one kills that start, and one restart
+    # then serves both (the harness starts it again until it runs).
+    assert run.report.injected == 2 and 1 <= len(run.cluster.etcd_restarts) <= 2
 
 
 def test_procs_sigkilled_during_calls_are_restarted_and_calls_run_at_most_once(toxiproxy, etcd, baseline,

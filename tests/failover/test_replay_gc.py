@@ -50,6 +50,8 @@ def test_a_program_that_froze_objects_itself_keeps_them_frozen(tmp_path):
             assert s.replaying
             _program(s)
             s.now()
-            assert gc.get_freeze_count() >= mine  # its freeze, not undone by the session
+            # Its freeze, not undone by the session (gc.unfreeze() would leave next to none);
+            # frozen objects freed meanwhile may lower the count a little.
+            assert gc.get_freeze_count() >= mine * 0.9
     finally:
         gc.unfreeze()
