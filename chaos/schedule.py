@@ -110,7 +110,7 @@ class Fault:
             # link leads to runs a call the program waits for (so calls are on the link).
             toxic_attributes = {k: v for k, v in self.attributes.items() if k != IN_FLIGHT}
             try:
-                resolved: dict[str, Any] = validate_toxic(
+                resolved = validate_toxic(
                     self.kind,
                     stream=self.stream,
                     toxicity=self.toxicity,
@@ -118,10 +118,7 @@ class Fault:
                 )
             except ToxicValidationError as exc:
                 raise ScheduleError(str(exc)) from None
-            if IN_FLIGHT in self.attributes:
-                _check_number(f"attributes.{IN_FLIGHT}", self.attributes[IN_FLIGHT], minimum=0.0)
-                resolved[IN_FLIGHT] = self.attributes[IN_FLIGHT]
-            object.__setattr__(self, "attributes", resolved)
+            object.__setattr__(self, "attributes", {**resolved, **self._in_flight()})
         elif self.kind in PACKET_KINDS:
             try:
                 resolved = validate_packet_fault(self.kind, self.target, self.attributes)
@@ -134,15 +131,20 @@ class Fault:
             extra = sorted(set(self.attributes) - {IN_FLIGHT})
             if extra:
                 raise ScheduleError(f"'attributes': a kill takes only '{IN_FLIGHT}'; got {extra}")
-            if IN_FLIGHT in self.attributes:
-                _check_number(f"attributes.{IN_FLIGHT}", self.attributes[IN_FLIGHT], minimum=0.0)
-            object.__setattr__(self, "attributes", dict(self.attributes))
+            object.__setattr__(self, "attributes", self._in_flight())
         else:
             if self.attributes:
                 raise ScheduleError(
                     f"'attributes': a {self.kind!r} fault takes none; got {sorted(self.attributes)}"
                 )
             object.__setattr__(self, "attributes", {})
+
+    def _in_flight(self) -> dict[str, Any]:
+        """The checked `in_flight_s` attribute, as a one-item dict, or an empty one."""
+        if IN_FLIGHT not in self.attributes:
+            return {}
+        _check_number(f"attributes.{IN_FLIGHT}", self.attributes[IN_FLIGHT], minimum=0.0)
+        return {IN_FLIGHT: self.attributes[IN_FLIGHT]}
 
     @property
     def in_flight_of(self) -> str | None:
