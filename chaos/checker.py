@@ -26,7 +26,7 @@ from regent.controller.replay import END, PROCS, START, SUPERVISION, expand
 __all__ = ["CALL_KINDS", "ChaosReport", "FaultEffect", "check_run", "percentile"]
 
 CALL_KINDS = ("call", "call_one", "choose", "stream", "broadcast")
-FAILED = ("dead", "exit", "noactor")  # the actor's process (or the actor) was gone
+FAILED = ("dead", "exit", "noactor", "grp")  # the actor's process (or the actor, or a peer of its collective) was gone
 CONTROLLER_FAULTS = ("controller", "controller->etcd")
 
 

@@ -44,6 +44,7 @@ from regent.wire.transport import (
     spin_budget_s,
     spin_until_readable,
 )
+from regent.worker.errors import GROUP_FAILED
 
 log = structlog.get_logger("regent.controller")
 
@@ -52,6 +53,8 @@ WATERMARK_INTERVAL_S = 0.2
 # joins the execution in flight or gets the cached result); the wait then doubles.
 RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
+# How long a survivor's failed collective waits to learn which member of its group died.
+GROUP_BLAME_WAIT_S = 15.0
 HOST_HELLO_INTERVAL_S = 1.0
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
@@ -100,6 +103,8 @@ class Runtime:
         self.hosts: dict[str, str] = {}  # host address -> last hello
         self.moved_hosts: dict[str, str] = {}  # a journaled agent address -> where its successor serves
         self.lost_hosts: dict[str, str] = {}  # cluster hosts whose registration vanished -> why
+        self.groups: dict[str, list[ProcRef]] = {}  # process groups (their system mesh) -> members by rank
+        self._held: list[tuple[float, dict, list]] = []  # group failures waiting to learn which member died
         self.quiet: Callable[[], bool] = lambda: False  # replaying: procs' output is not printed again
         self._requests: dict[int, Future] = {}
         self._asked_procs: dict[int, ProcRef] = {}  # ask_proc's requests in flight, by "n"
@@ -192,17 +197,30 @@ class Runtime:
 
     def ask_proc(self, proc: ProcRef, kind: Kind, meta: dict, frames: list, timeout: float) -> dict | None:
         """Send `proc` a request that is answered by id through the inbox (a supervisor's
-        restart spawn): its reply's metadata, or None after `timeout`. PeerGone if it is dead."""
-        n = next(self._req_ids)
-        fut: Future = Future()
-        self._requests[n] = fut
-        self._asked_procs[n] = proc
+        restart spawn): its reply's metadata ({"st": "dead"} if it is dead), or None after `timeout`."""
+        return self.ask_procs([(proc, kind, meta, frames)], timeout)[0]
+
+    def ask_procs(self, asks: list[tuple[ProcRef, Kind, dict, list]], timeout: float) -> list[dict | None]:
+        """`ask_proc` to several procs at once, every request sent before any answer is awaited
+        (a process group's members must all be inside its rendezvous together)."""
+        waits = []
         try:
-            self.send_to_proc(proc, wire.encode(kind, {**meta, "n": n}, frames))
-            return fut.get() if fut.wait(timeout) else None
+            for proc, kind, meta, frames in asks:
+                n = next(self._req_ids)
+                fut: Future = Future()
+                self._requests[n] = fut
+                self._asked_procs[n] = proc
+                waits.append((n, fut))
+                try:
+                    self.send_to_proc(proc, wire.encode(kind, {**meta, "n": n}, frames))
+                except PeerGone as e:
+                    fut.set_result({"st": "dead", "em": str(e)})
+            deadline = time.monotonic() + timeout
+            return [fut.get() if fut.wait(max(0.0, deadline - time.monotonic())) else None for _, fut in waits]
         finally:
-            self._requests.pop(n, None)
-            self._asked_procs.pop(n, None)
+            for n, _ in waits:
+                self._requests.pop(n, None)
+                self._asked_procs.pop(n, None)
 
     def register_host(self, host: str) -> None:
         self.hosts[host] = host
@@ -449,10 +467,15 @@ class Runtime:
                 self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is gone: its host agent at {host} "
                                      "no longer lists it (it died unreported, e.g. while no agent watched it)")
 
-    def _on_result(self, meta: dict, payload: list, lsn: int | None = None) -> None:
+    def _on_result(self, meta: dict, payload: list, lsn: int | None = None, held: bool = False) -> None:
         seq, point, status = meta.get("s"), meta.get("pt"), meta.get("st")
         if not isinstance(seq, int) or not isinstance(point, int) or not isinstance(status, str):
             log.warning("dropped result with bad fields", meta=str(meta)[:200])
+            return
+        if status == GROUP_FAILED and lsn is None and not self._blame(meta, final=held):
+            # A survivor's collective failed before this controller saw which member died (a
+            # lost host takes up to its TTL to see): held until it does, then named in the error.
+            self._held.append((time.monotonic() + GROUP_BLAME_WAIT_S, meta, payload))
             return
         if status == "fenced":
             self.fenced = meta.get("em") or "a worker saw a newer controller epoch"
@@ -460,6 +483,34 @@ class Runtime:
         call = self.core.on_result(seq, point, outcome)
         if call is not None:
             self._deliver(call, point, call.results[point])
+
+    def _blame(self, meta: dict, final: bool) -> bool:
+        """Name, in a group failure's error, the member of the group that died (True); False
+        while none is known dead, unless `final` (the wait is over: say that none was seen)."""
+        call = self.core.calls.get(meta["s"])
+        proc = call.wire.procs[meta["pt"]] if call is not None and call.wire is not None else None
+        members = next((g for g in self.groups.values() if proc is not None and proc in g), None)
+        dead = [p for p in members or () if not p.alive and p is not proc]
+        if dead:
+            meta["em"] = (f"a member of its process group died ({dead[0].death}); the collective failed with: "
+                          f"{str(meta.get('em'))[:1000]}")
+        elif final or members is None:
+            meta["em"] = (f"a collective failed, as when a member of its process group dies, but no member was "
+                          f"seen to die within {GROUP_BLAME_WAIT_S:g} s: {str(meta.get('em'))[:1000]}")
+        else:
+            return False
+        return True
+
+    def _release_held(self, expired_only: bool) -> None:
+        """Deliver held group failures whose dead member is now known (or whose wait is over)."""
+        if not self._held:
+            return
+        now, held, self._held = time.monotonic(), self._held, []
+        for until, meta, payload in held:
+            if now >= until or (not expired_only and self._blame(dict(meta), final=False)):
+                self._on_result(meta, payload, held=True)
+            else:
+                self._held.append((until, meta, payload))
 
     def _deliver(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """Journal first (the session decides how durably), then let the program see it.
@@ -487,6 +538,7 @@ class Runtime:
                 fut.set_result({"st": "dead", "em": reason})
         for call, point in self.core.on_proc_died(proc.key, reason):
             self._deliver(call, point, call.results[point])
+        self._release_held(expired_only=False)
         for cb in self._on_proc_death:
             cb(proc)
 
@@ -600,6 +652,7 @@ class Runtime:
         """The timer's event (run by the driver): resends, the release watermark, hellos."""
         now = time.monotonic()
         self._check_links()
+        self._release_held(expired_only=True)
         if self.outcomes is not None:
             through = self.outcomes.release_through()
         else:

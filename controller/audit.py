@@ -172,9 +172,20 @@ class _NoRuntime:
         pass
 
 
+class _NoMembership:
+    """An audit re-forms no groups and picks no spares: the journal says what the session did."""
+
+    def formed(self, *args: Any) -> None:
+        pass
+
+    def adopt_journaled(self, cluster: str) -> None:
+        pass
+
+
 class _NoSupervisor:
     def __init__(self) -> None:
         self.meshes: dict = {}
+        self.membership = _NoMembership()
 
     def register(self, state: Any) -> None:
         self.meshes[state.name] = state

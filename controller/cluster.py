@@ -82,6 +82,30 @@ class ClusterHosts:
                 log.info("waiting for hosts to register", cluster=cluster, registered=len(hosts), wanted=n)
             time.sleep(PICK_POLL_S)
 
+    def host_at(self, addr: str) -> tuple[str, str] | None:
+        """(cluster, host id) of a watched host by its agent's address."""
+        with self._lock:
+            return next(((w.cluster, w.id) for w in self.watched.values() if w.addr == addr), None)
+
+    def pick_spare(self, cluster: str, timeout_s: float, lost: str) -> dict:
+        """The first registered host of `cluster` (by name) that this session does not use, once
+        one is registered: where a lost host's procs start again. TimeoutError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                used = {w.id for w in self.watched.values() if w.cluster == cluster}
+            hosts = self.registered(cluster)
+            spare = next((h for h in hosts if h.id not in used), None)
+            if spare is not None:
+                return _entry(spare)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"no spare host to replace lost host {lost} of cluster {cluster!r}: every one of the "
+                    f"{len(hosts)} registered hosts is in use and none registered within {timeout_s:g} s "
+                    f"(replace_timeout_s); start one with `regent host --cluster {cluster} --store "
+                    f"{self.backend.url} --advertise <the node's IP>`")
+            time.sleep(PICK_POLL_S)
+
     def attach(self, cluster: str, entries: list[dict], replaying: bool) -> list[str]:
         """Say hello to the picked hosts and watch them; their addresses. A journaled host that
         is gone (on replay) is taken for lost: its procs are dead to this session."""

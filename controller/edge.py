@@ -30,6 +30,7 @@ from regent.controller._runtime import Runtime
 from regent.controller.cluster import ClusterHosts, controller_address
 from regent.controller.drive import Drive
 from regent.controller.ephemeral import NoJournal, NoWriter
+from regent.controller.membership import journaled_spare_addresses
 from regent.controller.refs import ProcRef
 from regent.controller.replay import START, SUPERVISION, ReplayIndex
 from regent.controller.supervisor import Supervisor
@@ -202,7 +203,9 @@ class LiveEdge:
                                bind_host=self.address)
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
         self.supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
-                                     sys_path())
+                                     sys_path(), clusters=self.clusters,
+                                     journaled=self.replay.supervision if self.replay is not None else [],
+                                     durable=lambda lsn: self.writer.wait_durable(lsn, timeout=30.0))
         self.lead.on_lost(on_lost)
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -242,6 +245,7 @@ class LiveEdge:
         hosts = {jc.value for jc in self.replay.calls.values() if jc.kind == "this_host"}
         hosts |= {h.get("addr") for jc in self.replay.calls.values() if jc.kind == "host_mesh"
                   and isinstance(jc.value, dict) for h in jc.value.get("hosts") or [] if isinstance(h, dict)}
+        hosts |= set(journaled_spare_addresses(self.replay.supervision))  # where lost hosts' procs moved
         runtime = self.runtime
         for host in sorted(h for h in hosts if isinstance(h, str)):
             try:

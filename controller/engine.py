@@ -372,7 +372,7 @@ class Engine:
         data = {"s": call.seq, "pt": point, "st": status,
                 "x": {k: outcome.meta[k] for k in ("et", "em", "tb", "pid", "normal") if k in outcome.meta}}
         # A supervision failure may differ between runs: durable before it is seen (invariant 4).
-        return Append(RESULT, data, durable=status in ("dead", "exit", "noactor"))
+        return Append(RESULT, data, durable=status in ("dead", "exit", "noactor", "grp"))
 
     def journaled_at(self, seq: int, lsn: int) -> None:
         """An outcome of `seq` was submitted at `lsn` (NEVER_DURABLE: it could not be)."""

@@ -68,7 +68,10 @@ class Lifecycle:
             self._check_reachable(cluster, picked["hosts"])
             s._do(s._engine.value_record(seq, "host_mesh", picked, cluster, str(hosts)))
         s._finished(seq)
-        return HostMesh(s, clusters.attach(cluster, picked["hosts"], jc is not None))
+        mesh = HostMesh(s, clusters.attach(cluster, picked["hosts"], jc is not None))
+        if jc is not None:  # spares previous leaders moved lost hosts' procs to are this session's too
+            s._supervisor.membership.adopt_journaled(cluster)
+        return mesh
 
     def _check_reachable(self, cluster: str, entries: list[dict]) -> None:
         """Hosts off loopback reply to this controller's address: it must not be loopback."""
@@ -178,6 +181,11 @@ class Lifecycle:
         if escalation is not None:  # handed to the program after replay, unless it was already
             s._faults.seen(state, escalation["rank"], escalation["report"], "escalation")
         return ActorMesh(s, name, cls, procs, dims)
+
+    def group_formed(self, name: str, procs: list[ProcRef], backend: str, timeout_s: float) -> None:
+        """A proc mesh formed a process group (its system mesh `name`): supervision re-forms it
+        when a member is replaced or leaves."""
+        self.s._supervisor.membership.formed(name, procs, backend, timeout_s)
 
     def stop_actors(self, mesh: ActorMesh) -> None:
         """Stop these actors; once every member of the mesh is stopped its name is free again."""

@@ -198,8 +198,9 @@ class ProcMesh:
         master_addr = host_of(self.procs()[0].address)
         rank0 = group.slice(**dict.fromkeys(group.dims, 0))
         master_port = rank0.free_port.call_one(master_addr).get()
-        joined = group.join.call(master_addr, master_port, backend, timeout_s).get()
-        return joined.values()[0]
+        joined = group.join.call(master_addr, master_port, backend, timeout_s).get().values()[0]
+        self._session._lifecycle.group_formed(group.name, self.procs(), joined, timeout_s)
+        return joined
 
 
 _PROC_GROUP_PREFIX = "__regent_pg__"

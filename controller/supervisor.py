@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from regent.controller.membership import Membership
 from regent.wire import Kind
 from regent.wire.transport import PeerGone
 from regent.worker.errors import SupervisionError
@@ -26,6 +27,7 @@ from regent.worker.supervision import MeshSupervisor, RestartPolicy
 
 if TYPE_CHECKING:
     from regent.controller._runtime import Runtime
+    from regent.controller.cluster import ClusterHosts
     from regent.controller.refs import ProcRef
 
 log = structlog.get_logger("regent.supervisor")
@@ -64,9 +66,13 @@ class MeshState:
 
 
 class Supervisor:
-    def __init__(self, runtime: Runtime, record: Any, sid: str, path: list[str]):
+    def __init__(self, runtime: Runtime, record: Any, sid: str, path: list[str], *,
+                 clusters: Callable[[], ClusterHosts] | None = None, journaled: list[dict] | None = None,
+                 durable: Callable[[int], None] | None = None):
         self.runtime = runtime
-        self.record = record  # (kind, data) -> None: journals a supervision event
+        self.record = record  # (data) -> lsn: journals a supervision event
+        self._durable = durable or (lambda lsn: None)
+        self.membership = Membership(runtime, self._decided, clusters or _no_clusters, journaled or [])
         self.sid = sid
         self.path = path
         self.meshes: dict[str, MeshState] = {}
@@ -103,6 +109,8 @@ class Supervisor:
         if state is None or rank in state.stopped:
             return
         if state.supervisor is None:  # unsupervised: nothing handles it
+            if self.membership.is_group(mesh):  # a process group's own actor: re-formed with the mesh
+                return
             if abnormal and self.on_unhandled is not None:
                 self.on_unhandled(state, rank, reason, "unsupervised")
             return
@@ -134,13 +142,22 @@ class Supervisor:
         """Journal a supervision event that happened outside this supervisor (a host lost)."""
         self._event(ev, **data)
 
-    def _event(self, ev: str, **data: Any) -> None:
+    def _event(self, ev: str, **data: Any) -> int | None:
         entry = {"ev": ev, "t": time.time(), **data}
         self.events.append(entry)
         try:
-            self.record(entry)
+            return self.record(entry)
         except Exception as e:  # deposed: the event is lost with our leadership
             log.warning("could not journal a supervision event", error=str(e))
+            return None
+
+    def _decided(self, ev: str, **data: Any) -> None:
+        """Journal a decision a standby must find and never take again (a spare picked), and
+        return once it is durable: nothing is acted on before that."""
+        lsn = self._event(ev, **data)
+        if lsn is None:
+            raise SupervisionError(f"could not journal the decision {ev!r}; this controller is no longer leader")
+        self._durable(lsn)
 
     # --- the supervisor thread --------------------------------------------------------
 
@@ -182,16 +199,20 @@ class Supervisor:
             state.ready[r].clear()
         time.sleep(decision.delay_s)
         failed_again = None
-        for r in decision.ranks:
-            try:
-                self._restart_member(state, r, sup.incarnation.get(r, 1))
-            except _ProcDied as e:  # its death is a failure of its own, queued already: one restart for it
-                log.warning("a restart's proc died under it; its death restarts it again", mesh=mesh, rank=r,
-                            error=str(e))
-                return
-            except Exception as e:
-                failed_again = (r, str(e))
-                break
+        r = decision.ranks[0]
+        try:
+            # Dead procs first (a lost host's on a spare), then the groups over them, then actors.
+            for r in decision.ranks:
+                self._replace_if_dead(state, r)
+            self.membership.reform([state.procs[r] for r in decision.ranks])
+            for r in decision.ranks:
+                self._spawn(state, r, sup.incarnation.get(r, 1))
+        except _ProcDied as e:  # its death is a failure of its own, queued already: one restart for it
+            log.warning("a restart's proc died under it; its death restarts it again", mesh=mesh, rank=r,
+                        error=str(e))
+            return
+        except Exception as e:
+            failed_again = (r, str(e))
         if failed_again is not None:
             log.warning("restart failed; the supervisor will try again under its policy",
                         mesh=mesh, rank=failed_again[0], error=failed_again[1])
@@ -209,30 +230,34 @@ class Supervisor:
         for ev in state.ready.values():
             ev.set()
 
-    def _restart_member(self, state: MeshState, rank: int, incarnation: int) -> None:
+    def _replace_if_dead(self, state: MeshState, rank: int) -> None:
         proc = state.procs[rank]
         if not proc.alive:
-            self._replace_proc(proc)
+            self._replace_proc(proc, state.supervisor.policy)
             # Everything that lived on the old process is rebuilt there, mesh by mesh.
             for other in self.meshes.values():
                 if other is not state and other.supervisor is not None:
                     for r, p in enumerate(other.procs):
                         if p is proc:
                             self.failed(other.name, r, f"its proc {proc.id} was replaced", abnormal=True)
-        self._spawn(state, rank, incarnation)
 
-    def _replace_proc(self, proc: ProcRef) -> None:
-        reply = self.runtime.host_request(proc.host, "respawn_proc", old=proc.id, idx=proc.index,
-                                          env=proc.env, path=self.path)
+    def _replace_proc(self, proc: ProcRef, policy: RestartPolicy) -> None:
+        """A new process for a dead proc: from its own host's agent, or, when that host is lost
+        and the policy says "replace", from the spare that replaces the host (same index)."""
+        runtime = self.runtime
+        host = proc.host
+        if runtime.moved_hosts.get(host, host) in runtime.lost_hosts and policy.on_host_lost == "replace":
+            host = self.membership.spare_for(host, policy.replace_timeout_s)
+        reply = runtime.host_request(host, "respawn_proc", old=proc.id, idx=proc.index, env=proc.env, path=self.path)
         if reply.get("st") != "ok":
-            raise SupervisionError(f"host agent could not replace proc {proc.id}: {reply.get('em')}")
+            raise SupervisionError(f"host agent at {host} could not replace proc {proc.id}: {reply.get('em')}")
         (new,) = reply["procs"]
         old_id = proc.id
-        self.runtime.procs.pop(old_id, None)
-        proc.id, proc.address, proc.pid = new["id"], new["addr"], new["pid"]
+        runtime.procs.pop(old_id, None)
+        proc.id, proc.address, proc.pid, proc.host = new["id"], new["addr"], new["pid"], host
         proc.alive, proc.death = True, ""
-        self.runtime.procs[proc.id] = proc
-        self._event("proc_replaced", old=old_id, new=proc.id, pid=proc.pid)
+        runtime.procs[proc.id] = proc
+        self._event("proc_replaced", old=old_id, new=proc.id, pid=proc.pid, host=host)
 
     def _spawn(self, state: MeshState, rank: int, incarnation: int) -> None:
         proc = state.procs[rank]
@@ -260,6 +285,10 @@ class Supervisor:
 
 class _ProcDied(SupervisionError):
     """A restart failed because its proc died: the runtime reported that death as a failure."""
+
+
+def _no_clusters() -> ClusterHosts:
+    raise SupervisionError("this session uses no cluster hosts, so a lost host has no spare")
 
 
 def policy_of(restart: RestartPolicy | str | None) -> RestartPolicy | None:

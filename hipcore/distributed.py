@@ -75,3 +75,58 @@ def destroy_process_group() -> None:
     torch: Any = require_torch("regent.hipcore.distributed.destroy_process_group")
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def leave_process_group() -> None:
+    """Leave the default process group even when a member died: NCCL/RCCL communicators with
+    a dead peer hang in destroy unless aborted first (gloo needs no abort: its pairs with
+    the dead peer are closed already). A no-op in a process in no group."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:  # never imported: no group to leave
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        from torch.distributed import distributed_c10d as c10d
+
+        abort = getattr(c10d, "_abort_process_group", None)
+        try:
+            if abort is not None:
+                abort()
+            else:
+                c10d._get_default_group()._get_backend(_bound_device()).abort()
+        except Exception as e:  # the destroy below is still worth trying
+            log.warning("could not abort the NCCL process group before leaving it", error=str(e))
+    dist.destroy_process_group()
+    log.debug("left the process group")
+
+
+def _bound_device() -> Any:
+    """The torch device of this proc's bound GPU (for a backend's abort)."""
+    torch = require_torch("regent.hipcore.distributed")
+    from regent.hipcore.device import current_device
+
+    return torch.device("cuda", current_device().index)
+
+
+# What gloo and NCCL/RCCL say when a peer of a collective is gone (a crash, a lost host):
+# gloo raises a plain RuntimeError from its TCP transport; newer torch raises DistError kinds.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe",
+              "NCCL communicator was aborted", "ncclRemoteError", "ncclSystemError", "NCCL error",
+              "Socket Timeout", "Timed out waiting")
+
+
+def is_peer_failure(e: BaseException) -> bool:
+    """Whether `e`, raised by an endpoint of a proc in a process group, is a collective that
+    failed because another member is gone, not an error of this proc's own."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    if isinstance(e, getattr(dist, "DistNetworkError", ())) or isinstance(e, getattr(dist, "DistBackendError", ())):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in _PEER_GONE)

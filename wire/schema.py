@@ -52,9 +52,9 @@ Env = Annotated[dict[Annotated[str, Meta(max_length=1024)], Annotated[str, Meta(
 Paths = Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=4096)]
 
 # What a worker says became of a call; what a host agent says became of a request.
-ResultStatus = Literal["ok", "err", "exit", "dead", "noactor", "divergence", "fenced"]
+ResultStatus = Literal["ok", "err", "exit", "dead", "noactor", "divergence", "fenced", "grp"]
 HostStatus = Literal["ok", "err", "fenced", "stopped", "divergence"]
-HostOp = Literal["hello", "spawn_procs", "respawn_proc", "stop_session", "stop_procs", "list"]
+HostOp = Literal["hello", "spawn_procs", "respawn_proc", "stop_session", "stop_procs", "list", "free_port"]
 
 
 # --- controller -> proc ---------------------------------------------------------------
@@ -173,6 +173,7 @@ class HostReply(TypedDict):
     at: NotRequired[Address]  # the agent's own inbox
     complete: NotRequired[bool]  # `procs` lists every live proc of the session on that host
     procs: NotRequired[Annotated[list[ProcListing], Meta(max_length=65536)]]
+    port: NotRequired[Annotated[int, Meta(ge=1, le=65535)]]  # free_port: a TCP port free on the host
 
 
 class HostEvent(TypedDict):

@@ -84,9 +84,28 @@ def outcome_error(status: str, meta: dict, actor: str, method: str) -> RegentErr
         return ActorError(actor, method, str(meta.get("et")), str(meta.get("em")), str(meta.get("tb", "")))
     if status in ("dead", "noactor", "exit"):
         return SupervisionError(f"{actor}.{method} failed: {meta.get('em')}", actor=actor, reason=status)
+    if status == GROUP_FAILED:
+        return SupervisionError(f"{actor}.{method} failed: {meta.get('em')}", actor=actor, reason="group")
     if status == "divergence":
         return DivergenceError(f"{actor}.{method}: {meta.get('em')}")
     return None
+
+
+# An endpoint's collective failed because another member of its process group is gone: that
+# member's failure, which the controller names (controller._runtime), not this actor's error.
+GROUP_FAILED = "grp"
+
+
+def group_failure(e: BaseException) -> bool:
+    """Whether an endpoint's exception is a collective whose peer is gone (hipcore decides:
+    it knows what gloo and NCCL raise); False in a proc that never imported torch.distributed."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:
+        return False
+    from regent.hipcore.distributed import is_peer_failure
+
+    return is_peer_failure(e)
 
 
 def error_fields(e: BaseException) -> dict[str, str]:

@@ -28,6 +28,7 @@ import structlog
 import zmq
 
 from regent import wire
+from regent.hipcore.ports import free_port
 from regent.wire import Kind, ProtocolError, schema
 from regent.wire.security import load_credentials, regent_home, stop_authenticator
 from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, peer_of, valid_address
@@ -199,6 +200,8 @@ class HostAgent(_Adoption):
             self._reply(rt, sid, n)
         elif op == "list":
             self._reply(rt, sid, n, procs=self._proc_list(state))
+        elif op == "free_port":  # a process group's new rendezvous, served by a proc of this host
+            self._reply(rt, sid, n, port=free_port(self.advertise))
         else:
             raise ProtocolError(f"unknown host op {op!r}")
 

@@ -63,7 +63,13 @@ from regent.worker.actor import (
 from regent.worker.classref import load_class
 from regent.worker.client import ActorClient, Target
 from regent.worker.dedupe import CallIdentity, DedupeCache
-from regent.worker.errors import ActorExit, DivergenceError, error_fields
+from regent.worker.errors import (
+    GROUP_FAILED,
+    ActorExit,
+    DivergenceError,
+    error_fields,
+    group_failure,
+)
 from regent.worker.fencing import EpochFence
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
@@ -675,7 +681,8 @@ class ProcRuntime(_HostWatch):
     def _answer_error(self, seq: int, actor: str, point: int, e: Exception, o: str, port: Any) -> None:
         """An endpoint raised: its caller gets the error, unless it was answered through its port already."""
         if port is None or self.ports.close(port.id):
-            self._finish_error(seq, actor, point, e, o=o)
+            status = GROUP_FAILED if group_failure(e) else "err"
+            self._finish(seq, actor, point, status, o=o, **error_fields(e))
         else:
             log.warning("an endpoint raised after answering through its port", actor=actor, error=repr(e))
 

@@ -24,6 +24,7 @@ from regent.worker.shape import Point
 
 RestartType = Literal["permanent", "transient", "temporary"]
 Strategy = Literal["one_for_one", "one_for_all"]
+HostLost = Literal["escalate", "replace", "shrink"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class RestartPolicy:
     fails (an SPMD group). `shutdown_grace_s` is the time `__cleanup__` gets before
     the process is killed. `restart_timeout_s` bounds how long a call issued during
     a restart waits for it.
+
+    on_host_lost: what a lost host (its registration expired: docs/multihost.md) does to a
+    mesh spawned on a host mesh. "escalate" (the default): its members there are failures
+    like any other, and their restarts, which need the lost host, fail until the budget
+    escalates. "replace": the lost host's procs start again on a spare host of the cluster
+    (one the session does not use), at the same points, waiting up to `replace_timeout_s`
+    for one to register. "shrink": the lost host's points leave the mesh.
     """
 
     restart: RestartType = "permanent"
@@ -49,12 +57,18 @@ class RestartPolicy:
     strategy: Strategy = "one_for_one"
     shutdown_grace_s: float = 5.0
     restart_timeout_s: float = 30.0
+    on_host_lost: HostLost = "escalate"
+    replace_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.restart not in ("permanent", "transient", "temporary"):
             raise ValueError(f"restart={self.restart!r}: use 'permanent', 'transient' or 'temporary'")
         if self.strategy not in ("one_for_one", "one_for_all"):
             raise ValueError(f"strategy={self.strategy!r}: use 'one_for_one' or 'one_for_all'")
+        if self.on_host_lost not in ("escalate", "replace", "shrink"):
+            raise ValueError(f"on_host_lost={self.on_host_lost!r}: use 'escalate', 'replace' or 'shrink'")
+        if not self.replace_timeout_s >= 0:
+            raise ValueError(f"replace_timeout_s={self.replace_timeout_s!r} must be >= 0 seconds")
         if self.max_restarts < 0 or self.window_s <= 0:
             raise ValueError("max_restarts must be >= 0 and window_s > 0")
 

@@ -21,12 +21,25 @@ class ProcGroup(Actor):
     ``join`` is a sync endpoint on purpose: it runs on the proc's thread, the
     thread user endpoints run on, so with NCCL/RCCL the device made current there
     is the one later collectives use.
+
+    A supervisor re-forming the group after a member was lost (docs/multihost.md) rebuilds
+    this actor on every member with the new rendezvous (`master_addr`, `master_port`) and
+    `generation`: its ``__init__`` then leaves the old group (aborting it where the backend
+    needs that) and joins the new one, all ranks at once.
     """
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, master_addr: str | None = None, master_port: int | None = None,
+                 backend: str = "auto", timeout_s: float = 300.0, generation: int = 0):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, not {world_size!r}")
         self.world_size = world_size
+        self.generation = generation
+        if master_addr is not None:
+            from regent.hipcore import distributed
+
+            distributed.leave_process_group()
+            distributed.init_process_group(context().rank, world_size, master_addr, int(master_port or 0),
+                                           backend, timeout_s)
 
     @endpoint
     def free_port(self, host: str) -> int:
