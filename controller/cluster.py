@@ -135,8 +135,9 @@ class ClusterHosts:
         with self._lock:  # a host an earlier host_mesh attached is watched once
             w = self.watched.setdefault((cluster, entry["id"]), _Watched(
                 cluster, entry["id"], addr, current.incarnation if current else entry["inc"]))
-        if current is None:
-            self._lost(w, f"host {w.id} of cluster {cluster!r} ({addr}) is gone: it is no longer registered")
+        if current is None:  # taken for lost before anything of the program's goes on there
+            self._lost(w, f"host {w.id} of cluster {cluster!r} ({addr}) is gone: it is no longer registered",
+                       at_once=True)
         else:
             self.runtime.register_host(addr)
         return addr
@@ -180,14 +181,19 @@ class ClusterHosts:
                 self.note("host_restarted", cluster=w.cluster, host=w.id, addr=h.address, inc=h.incarnation,
                           was=was)
 
-    def _lost(self, w: _Watched, reason: str) -> None:
+    def _lost(self, w: _Watched, reason: str, at_once: bool = False) -> None:
+        """`at_once`: on a thread that may take the drive (the program's), not the watch thread."""
         with self._lock:  # the program's attach and the watch thread may both find it gone
             if w.lost is not None:
                 return
             w.lost = reason
         log.error("host lost", cluster=w.cluster, host=w.id, addr=w.addr, incarnation=w.inc)
         self.note("host_lost", cluster=w.cluster, host=w.id, addr=w.addr, inc=w.inc, reason=reason)
-        self.post(lambda: self.runtime.host_lost(w.addr, reason))
+        if at_once:
+            with self.runtime.drive:
+                self.runtime.host_lost(w.addr, reason)
+        else:
+            self.post(lambda: self.runtime.host_lost(w.addr, reason))
 
     def _back(self, w: _Watched, h: HostRecord, was: str) -> None:
         """A lost host registered again: a new incarnation. What this session had there is

@@ -1,0 +1,70 @@
+"""A controller SIGKILLed in the middle of replacing a lost host, and just after: its standby
+replays the journaled pick (it never picks a spare again), finishes on the same hosts, and
+observes what the primary observed. Loopback agents on the embedded store (no root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from regent.chaos import host_processes
+from tests.failover.harness import Cluster
+from tests.support.loopback import loopback_agents, stop_then_kill, supervision_records
+
+TTL_S = 1.0
+STEPS = 24  # 6 s of steps at least: the faults land while the run goes on
+
+
+def wait_event(url: str, session: str, done, timeout_s: float = 120.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = supervision_records(url, session)
+        if done(events):
+            return events
+        assert time.monotonic() < deadline, f"timed out waiting in the journal; events: {[e['ev'] for e in events]}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("kill", ["during", "after"])
+def test_a_standby_finishes_a_replacement_on_the_spare_the_primary_picked(own_home, tmp_path: Path,
+                                                                          kill: str) -> None:
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    session = f"replace-{kill}"
+    with loopback_agents(url, tmp_path, TTL_S) as add:
+        agents = add("a", "b", "c")
+        c = Cluster(session, url, tmp_path, program="replace_train.py", steps=STEPS, ttl=TTL_S,
+                    extra_env={"REGENT_TEST_STEP_S": "0.25"})
+        c.start()
+        leader = c.wait_leader(1, timeout=60)
+        standby = c.start()
+        c.wait_standby()
+        c.wait_step(leader, 2, timeout=120)
+        stop_then_kill(agents["a"])
+        if kill == "during":  # its pick is durable, the spare's proc is still starting
+            wait_event(url, session, lambda evs: any(e["ev"] == "host_replaced" for e in evs))
+        else:  # the mesh was rebuilt on the spare
+            wait_event(url, session, lambda evs: any(e["ev"] == "restart" for e in evs))
+        os.kill(leader, signal.SIGKILL)
+        out, _ = standby.communicate(timeout=240)
+        assert standby.returncode == 0, c.log_tail()
+        result = json.loads(out.strip().splitlines()[-1])
+        spare_procs = host_processes(agents["c"].pid)
+        parents = [agents["c"].pid, agents["b"].pid]
+    events = supervision_records(url, session)
+    replaced = [(e["host"], e["new"]["id"]) for e in events if e["ev"] == "host_replaced"]
+    assert replaced == [("a", "c")], "a standby must replay the pick, never pick again"
+    assert len(spare_procs) == 1, f"the spare runs {spare_procs}: the replacement was started twice"
+    assert result["parents"] == parents
+    oks = [entry for entry in result["seen"] if entry[0] == "ok"]
+    assert [entry[1] for entry in oks] == list(range(STEPS))
+    assert all(entry[2] == [3.0, 3.0] for entry in oks), oks
+    errors = [entry for entry in result["seen"] if entry[0] == "error"]
+    assert 1 <= len(errors) <= 4 and all(reason in ("dead", "group") for _, _, reason in errors), errors
+    if kill == "after":  # the primary re-formed the group: the standby found it formed
+        assert sum(e["ev"] == "group_reformed" for e in events) == 1

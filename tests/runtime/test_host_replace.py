@@ -1,0 +1,117 @@
+"""A host lost during training, with on_host_lost="replace": its procs start again on a spare
+host of the cluster, the process group re-forms over the new members, and training goes on.
+Loopback agents on the embedded store (no root); a host dies as chaos's kill_host kills it:
+its agent and every proc it started, stopped first, then killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from regent import Actor, RestartPolicy, Session, SupervisionError, context, endpoint
+from regent.chaos import kill_host
+from tests.support.loopback import loopback_agents, stop_then_kill, supervision_records
+
+TTL_S = 1.0
+
+
+class Trainer(Actor):
+    """One data-parallel rank: each step all-reduces its rank + 1 over the process group."""
+
+    @endpoint
+    def step(self, i: int) -> tuple[float, int, int]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.full((4,), float(context().rank + 1))
+        dist.all_reduce(t)
+        return float(t[0]), os.getpid(), os.getppid()
+
+
+@pytest.fixture
+def cluster(own_home, tmp_path: Path) -> Iterator[Callable[..., tuple[str, dict[str, subprocess.Popen]]]]:
+    """cluster("a", "b", "c"): loopback agents of cluster "loop", registered."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    with loopback_agents(url, tmp_path, TTL_S) as add:
+        yield lambda *names: (url, add(*names))
+
+
+def test_a_lost_host_is_replaced_from_a_spare_and_every_later_all_reduce_has_the_full_world(cluster) -> None:
+    url, agents = cluster("a", "b", "c")
+    policy = RestartPolicy(strategy="one_for_all", on_host_lost="replace", max_restarts=10, window_s=60)
+    kill_at = random.Random().randint(1, 4)
+    errors: list[str] = []
+    with Session("replace", journal=url) as s:
+        procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
+        assert procs.init_process_group(backend="gloo") == "gloo"
+        trainers = procs.spawn("t", Trainer, restart=policy)
+        step, killed = 0, []
+        while step < kill_at + 4:
+            fut = trainers.step.call(step)
+            if step == kill_at and not killed:
+                killed = stop_then_kill(agents["a"])  # with the step in flight
+            try:
+                values = fut.get(timeout=90).values()
+            except SupervisionError as e:
+                errors.append(str(e))
+                continue
+            assert [v[0] for v in values] == [3.0, 3.0], f"step {step}: not the 2-rank sum: {values}"
+            step += 1
+        pids = trainers.step.call(step).get(timeout=60).values()
+    assert killed, "the host was never killed"
+    # rank 0 now runs in a proc of the spare's agent; rank 1 never moved
+    assert pids[0][2] == agents["c"].pid and pids[0][1] not in killed
+    assert pids[1][2] == agents["b"].pid
+    assert 1 <= len(errors) <= 4, errors
+    assert all("lost" in e or "process group" in e or "unreachable" in e for e in errors), errors
+    assert not any("gloo" in e and "process group" not in e for e in errors), errors
+    events = supervision_records(url, "replace")
+    replaced = [e for e in events if e["ev"] == "host_replaced"]
+    assert [(e["host"], e["new"]["id"]) for e in replaced] == [("a", "c")]
+    assert any(e["ev"] == "group_reformed" for e in events)
+
+
+def test_a_collective_that_fails_for_a_dead_member_names_it_rather_than_gloos_error(cluster) -> None:
+    url, agents = cluster("a", "b")
+    with Session("blame", journal=url) as s:
+        procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
+        procs.init_process_group(backend="gloo")
+        trainers = procs.spawn("t", Trainer)
+        trainers.step.call(0).get(timeout=60)
+        survivor = trainers.slice(hosts=1)
+        kill_host(agents["a"].pid, target="host/a")
+        with pytest.raises(SupervisionError) as info:
+            survivor.step.call_one(1).get(timeout=60)
+    text = str(info.value)
+    assert info.value.reason == "group", text
+    assert "a member of its process group died" in text and "host a of cluster 'loop'" in text, text
+
+
+def test_without_a_spare_the_replacement_waits_its_timeout_then_escalates(cluster) -> None:
+    url, agents = cluster("a", "b")
+    policy = RestartPolicy(on_host_lost="replace", replace_timeout_s=1.0, max_restarts=1, window_s=60)
+    with Session("no-spare", journal=url) as s:
+        e = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1}).spawn("t", Trainer,
+                                                                                           restart=policy)
+        kill_host(agents["a"].pid, target="host/a")
+        deadline = time.monotonic() + 60
+        while not s._supervisor.meshes["t"].supervisor.escalated:
+            assert time.monotonic() < deadline, "the mesh did not escalate"
+            time.sleep(0.1)
+        report = s._supervisor.meshes["t"].supervisor.escalated
+        with pytest.raises(SupervisionError, match="no spare host"):
+            e.slice(hosts=1).step.call_one(0).get(timeout=10)
+    assert "no spare host to replace lost host a" in report and "replace_timeout_s" in report, report
+
+
+def test_an_unknown_on_host_lost_is_refused() -> None:
+    with pytest.raises(ValueError, match="on_host_lost='migrate': use 'escalate', 'replace' or 'shrink'"):
+        RestartPolicy(on_host_lost="migrate")  # type: ignore[arg-type]
+
