@@ -186,6 +186,7 @@ class _NoSupervisor:
     def __init__(self) -> None:
         self.meshes: dict = {}
         self.membership = _NoMembership()
+        self.shapes: Any = None
 
     def register(self, state: Any) -> None:
         self.meshes[state.name] = state

@@ -126,7 +126,9 @@ class Lifecycle:
             procs.append(ref)
         self.procs += procs
         s._finished(seq)
-        return ProcMesh(s, procs, View.full({"hosts": len(hosts), dim: count}))
+        dims = {"hosts": len(hosts), dim: count}
+        shape = s._shapes.made(seq, procs, dims)
+        return ProcMesh(s, shape.procs, View.full(shape.dims), shape)
 
     def _replacement_of(self, listed: dict) -> ProcRef | None:
         """A journaled proc that a previous leader replaced (its `proc_replaced` events), if
@@ -152,6 +154,8 @@ class Lifecycle:
         s = self.s
         procs = mesh.procs()
         dims = mesh.dims
+        # Spawned on a whole proc mesh of hosts, the actor mesh follows its shape (a shrink).
+        shape = mesh._shape if mesh._shape is not None and len(procs) == len(mesh._shape.procs) else None
         frames = wire.dumps((class_ref(cls), args, kwargs))
         identity = (cls.__module__, cls.__qualname__, args, kwargs)
         digest = wire.call_digest(identity, wire.dumps(identity))
@@ -176,10 +180,14 @@ class Lifecycle:
             escalation = _journaled_escalation(replay.supervision, name, spawn.seq)
             if escalation is not None:
                 mesh_sup.escalated = escalation["report"]
-        state = MeshState(name, procs, dims, frames, mesh_sup, coords=metas, spawn_seq=spawn.seq)
+        state = MeshState(name, procs, dims, frames, mesh_sup, coords=metas, spawn_seq=spawn.seq, shape=shape)
+        if shape is not None and len(shape.sup_procs) != len(procs):  # replayed: previous leaders shrank it
+            state.reshape(shape.sup_procs, shape.sup_dims)
         s._supervisor.register(state)
         if escalation is not None:  # handed to the program after replay, unless it was already
             s._faults.seen(state, escalation["rank"], escalation["report"], "escalation")
+        if shape is not None:
+            return ActorMesh(s, name, cls, shape.procs, dict(shape.dims), shape=shape)
         return ActorMesh(s, name, cls, procs, dims)
 
     def group_formed(self, name: str, procs: list[ProcRef], backend: str, timeout_s: float) -> None:

@@ -98,13 +98,29 @@ class Membership:
     # --- process groups ------------------------------------------------------------------
 
     def formed(self, name: str, procs: list[ProcRef], backend: str, timeout_s: float) -> None:
-        """The program formed a process group over `procs` (live, or replayed)."""
+        """The program formed a process group over `procs` (live, or replayed: as a previous
+        leader last re-formed it, its members that left with a lost host gone)."""
         generation, ids = self._reformed.get(name, (0, tuple(p.key for p in procs)))
-        self.groups[name] = GroupState(name, procs, backend, timeout_s, ids, generation)
-        self.runtime.groups[name] = procs
+        if generation:
+            procs = [p for p in procs if p.id in ids or p.key in ids] or procs
+        self.groups[name] = GroupState(name, list(procs), backend, timeout_s, ids, generation)
+        self.runtime.groups[name] = self.groups[name].procs
+
+    def leave(self, gone: list[ProcRef]) -> None:
+        """These procs left their meshes (a shrink): their groups lose them, to re-form smaller."""
+        for group in self.groups.values():
+            kept = [p for p in group.procs if p not in gone]
+            if len(kept) != len(group.procs):
+                group.procs = kept
+                self.runtime.groups[group.name] = kept
 
     def is_group(self, mesh: str) -> bool:
         return mesh in self.groups
+
+    def needs_reform(self, procs: list[ProcRef]) -> bool:
+        """Whether a group with a member among `procs` has other members than it was formed with."""
+        return any(any(p in procs for p in g.procs) and tuple(p.id for p in g.procs) != g.formed
+                   for g in self.groups.values())
 
     def reform(self, procs: list[ProcRef]) -> None:
         """Re-form every group with a member among `procs` whose members changed since it was

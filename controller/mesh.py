@@ -26,6 +26,7 @@ from regent.worker.system import Bootstrap, ProcGroup
 if TYPE_CHECKING:
     from regent.controller.refs import ProcRef
     from regent.controller.session import Session
+    from regent.controller.shapes import Shape
 
 
 @dataclass(frozen=True)
@@ -120,29 +121,45 @@ class HostMesh:
 
 
 class ProcMesh:
-    """Processes hosting actors, shaped {"hosts": H, <kind>: N}."""
+    """Processes hosting actors, shaped {"hosts": H, <kind>: N}.
 
-    def __init__(self, session: Session, procs: list[ProcRef], view: View):
+    The handle spawn_procs returns follows its proc mesh's shape: after a lost host's points
+    left it (on_host_lost="shrink"), its dims, size and slices are of the smaller mesh from the
+    program's next use of a handle on. A slice taken before keeps the points it had."""
+
+    def __init__(self, session: Session, procs: list[ProcRef], view: View, shape: Shape | None = None):
         self._session = session
         self._procs = procs
         self._view = view
+        self._shape = shape
+        if shape is not None:
+            shape.handles.add(self)
+
+    def _reshape(self, procs: list[ProcRef], dims: dict[str, int]) -> None:
+        self._procs, self._view = procs, View.full(dims)
+
+    def _current(self) -> View:
+        """This handle's view, after any shape change due at this point of the program."""
+        if self._shape is not None:
+            self._session._shapes.adopt(self._session)
+        return self._view
 
     @property
     def dims(self) -> dict[str, int]:
-        return dict(self._view.dims)
+        return dict(self._current().dims)
 
     def __len__(self) -> int:
-        return len(self._view)
+        return len(self._current())
 
     def size(self, dim: str | Sequence[str] | None = None) -> int:
         """How many procs (dim=None), or the size of a dim (or the product of several)."""
-        return self._view.size(dim)
+        return self._current().size(dim)
 
     def slice(self, **sel: int | slice) -> ProcMesh:
-        return ProcMesh(self._session, self._procs, self._view.slice(**sel))
+        return ProcMesh(self._session, self._procs, self._current().slice(**sel))
 
     def procs(self) -> list[ProcRef]:
-        return [self._procs[r] for r in self._view.ranks]
+        return [self._procs[r] for r in self._current().ranks]
 
     def __reduce__(self) -> tuple:
         """Sent to an actor, a proc mesh travels as a `ProcMeshRef`: plain data, no Session."""
@@ -220,9 +237,22 @@ def host_of(address: str) -> str:
 class ActorMesh:
     """One actor per proc of a proc mesh; endpoints are attributes."""
 
-    def __init__(self, session: Session, name: str, actor_class: type, procs: list[ProcRef], dims: dict[str, int], view: View | None = None):
+    def __init__(self, session: Session, name: str, actor_class: type, procs: list[ProcRef], dims: dict[str, int],
+                 view: View | None = None, shape: Shape | None = None):
         self._init(session, name, actor_class, actor_class.__name__, frozenset(endpoint_names(actor_class)), procs,
                    dims, view or View.full(dims))
+        if shape is not None:  # spawned on a whole proc mesh: this handle follows its shape
+            self._shape = shape
+            shape.handles.add(self)
+
+    def _reshape(self, procs: list[ProcRef], dims: dict[str, int]) -> None:
+        self._procs, self._root_dims, self._view = procs, dict(dims), View.full(dims)
+
+    def _current(self) -> View:
+        """This handle's view, after any shape change due at this point of the program."""
+        if self._shape is not None:
+            self._session._shapes.adopt(self._session)
+        return self._view
 
     def _init(self, session: Session, name: str, actor_class: type | None, class_name: str,
               endpoints: frozenset[str], procs: list[ProcRef], dims: dict[str, int], view: View) -> None:
@@ -233,6 +263,7 @@ class ActorMesh:
         self._procs = procs  # indexed by root rank
         self._root_dims = dims
         self._view = view
+        self._shape: Shape | None = None
 
     @classmethod
     def of_ref(cls, session: Session, ref: ActorMeshRef, procs: list[ProcRef]) -> ActorMesh:
@@ -253,19 +284,20 @@ class ActorMesh:
 
     @property
     def dims(self) -> dict[str, int]:
-        return dict(self._view.dims)
+        return dict(self._current().dims)
 
     def __len__(self) -> int:
-        return len(self._view)
+        return len(self._current())
 
     def size(self, dim: str | Sequence[str] | None = None) -> int:
         """How many actors (dim=None), or the size of a dim (or the product of several)."""
-        return self._view.size(dim)
+        return self._current().size(dim)
 
     def slice(self, **sel: int | slice) -> ActorMesh:
+        view = self._current().slice(**sel)
         mesh = ActorMesh.__new__(ActorMesh)
         mesh._init(self._session, self._name, self._class, self._class_name, self._endpoints, self._procs,
-                   self._root_dims, self._view.slice(**sel))
+                   self._root_dims, view)
         return mesh
 
     def stop(self) -> None:
@@ -305,30 +337,41 @@ class Endpoint:
     """One endpoint of an actor mesh, with Monarch's adverbs."""
 
     def __init__(self, mesh: ActorMesh, method: str):
-        self._mesh = mesh
+        self._m = mesh
         self._method = method
+
+    @property
+    def _mesh(self) -> ActorMesh:
+        """The mesh, its shape brought up to this point of the program (a shrink shows here)."""
+        m = self._m
+        if m._shape is not None:
+            m._session._shapes.adopt(m._session)
+        return m
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh]:
         """Call every actor of the mesh; the future holds a ValueMesh."""
-        sink = GatherSink(self._mesh._view)
-        self._mesh._session._call(self._mesh, self._method, args, kwargs, "call", self._mesh._view.ranks, sink)
+        mesh = self._mesh
+        sink = GatherSink(mesh._view)
+        mesh._session._call(mesh, self._method, args, kwargs, "call", mesh._view.ranks, sink)
         return sink.future
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future:
         """Call the single actor of a one-member mesh."""
-        if len(self._mesh._view) != 1:
+        mesh = self._mesh
+        if len(mesh._view) != 1:
             raise ValueError(
-                f"call_one needs a mesh of one actor, {self._mesh.name} has {len(self._mesh._view)} "
-                f"{self._mesh.dims}: slice it first, e.g. .slice(procs=0)"
+                f"call_one needs a mesh of one actor, {mesh.name} has {len(mesh._view)} "
+                f"{mesh.dims}: slice it first, e.g. .slice(procs=0)"
             )
-        sink = GatherSink(self._mesh._view, single=True)
-        self._mesh._session._call(self._mesh, self._method, args, kwargs, "call_one", self._mesh._view.ranks, sink)
+        sink = GatherSink(mesh._view, single=True)
+        mesh._session._call(mesh, self._method, args, kwargs, "call_one", mesh._view.ranks, sink)
         return sink.future
 
     def choose(self, *args: Any, **kwargs: Any) -> Future:
         """Call one actor of the mesh, picked by the session (least busy); the pick is journaled."""
-        sink = GatherSink(self._mesh._view, single=True)
-        self._mesh._session._call(self._mesh, self._method, args, kwargs, "choose", None, sink)
+        mesh = self._mesh
+        sink = GatherSink(mesh._view, single=True)
+        mesh._session._call(mesh, self._method, args, kwargs, "choose", None, sink)
         return sink.future
 
     def stream(self, *args: Any, **kwargs: Any) -> StreamResults:
@@ -336,17 +379,19 @@ class Endpoint:
 
         `for p, v in ep.stream(...)` waits as long as it takes; `ep.stream(...).iter(timeout=2.0)`
         raises TimeoutError when the next value is not in within 2 s of the first wait."""
-        sink = StreamSink(self._mesh._view)
-        session = self._mesh._session
-        session._call(self._mesh, self._method, args, kwargs, "stream", self._mesh._view.ranks, sink)
+        mesh = self._mesh
+        sink = StreamSink(mesh._view)
+        session = mesh._session
+        session._call(mesh, self._method, args, kwargs, "stream", mesh._view.ranks, sink)
         return StreamResults(session, sink)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Fire and forget to every actor. Nobody reads its answer, so an exception it raises
         fails that actor, as in Monarch: its restart policy applies, or the unhandled-fault hook
         hears of it; the failure is also logged."""
-        sink = BroadcastSink(self._mesh.name, self._method)
-        self._mesh._session._call(self._mesh, self._method, args, kwargs, "broadcast", self._mesh._view.ranks, sink)
+        mesh = self._mesh
+        sink = BroadcastSink(mesh.name, self._method)
+        mesh._session._call(mesh, self._method, args, kwargs, "broadcast", mesh._view.ranks, sink)
 
 
     def send(self, args: tuple = (), kwargs: Mapping[str, Any] | None = None, port: Port | None = None,

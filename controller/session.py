@@ -43,6 +43,7 @@ from regent.controller.ports import ControllerPorts, PortReceiver
 from regent.controller.recorder import Recorder, append
 from regent.controller.refs import ProcRef, Wire
 from regent.controller.replay import END, JournaledCall, NonDeterminismError
+from regent.controller.shapes import Shapes
 from regent.journal import LeadershipLost
 from regent.wire import Kind
 from regent.worker.errors import FencedError, SupervisionError
@@ -119,6 +120,7 @@ class Session:
         self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
         self.runtime, self._supervisor = edge.runtime, edge.supervisor
         self._supervisor.on_unhandled = self._faults.seen
+        self._shapes = self._supervisor.shapes = Shapes(edge.replay)
         self.runtime.quiet = lambda: self._engine.replaying
         self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from regent.controller.membership import Membership
+from regent.controller.shapes import Shape, Shapes
 from regent.wire import Kind
 from regent.wire.transport import PeerGone
 from regent.worker.errors import SupervisionError
+from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor, RestartPolicy
 
 if TYPE_CHECKING:
@@ -48,6 +50,23 @@ class MeshState:
     down: set[int] = field(default_factory=set)  # members their policy left down
     stopped: set[int] = field(default_factory=set)  # members the program stopped: never restarted
     rebuilt_at: dict[int, float] = field(default_factory=dict)  # rank -> when its last restart finished
+    shape: Shape | None = None  # the proc mesh it was spawned on whole, which a shrink reshapes
+
+    def reshape(self, procs: list[ProcRef], dims: dict[str, int]) -> None:
+        """Its members are now `procs` (a shrink): ranks renumbered densely, each member's
+        incarnation kept with its proc, every member waiting for its rebuild."""
+        rank_of = {id(p): r for r, p in enumerate(self.procs)}
+        sup = self.supervisor
+        if sup is not None:
+            sup.size = len(procs)
+            sup.incarnation = {r: sup.incarnation.get(rank_of.get(id(p), -1), 0) for r, p in enumerate(procs)}
+        self.procs, self.dims = list(procs), dict(dims)
+        self.coords = [{"co": dict(point_of(dims, r)), "sz": dict(dims)} for r in range(len(procs))]
+        old = self.ready
+        self.ready = {r: threading.Event() for r in range(len(procs))}
+        for ev in old.values():
+            ev.set()  # what waited on an old rank goes on (and finds the new shape)
+        self.down, self.stopped, self.rebuilt_at = set(), set(), {}
 
     def wait_ready(self, rank: int) -> None:
         """Block a call while its actor restarts; raise if the mesh has escalated."""
@@ -73,6 +92,7 @@ class Supervisor:
         self.record = record  # (data) -> lsn: journals a supervision event
         self._durable = durable or (lambda lsn: None)
         self.membership = Membership(runtime, self._decided, clusters or _no_clusters, journaled or [])
+        self.shapes: Shapes = Shapes(None)  # the session's (Session sets it)
         self.sid = sid
         self.path = path
         self.meshes: dict[str, MeshState] = {}
@@ -93,6 +113,11 @@ class Supervisor:
         for rank, proc in enumerate(state.procs):
             if not proc.alive:  # it died while no controller was looking (a takeover)
                 self.failed(state.name, rank, proc.death or "proc is gone", abnormal=True)
+        if state.supervisor is not None and self.membership.needs_reform(state.procs):
+            # A previous leader shrank the mesh and was deposed before it re-formed its group.
+            for ev in state.ready.values():
+                ev.clear()
+            self._queue.put(("rebuild", state))
 
     # --- failures (any thread) --------------------------------------------------------
 
@@ -106,7 +131,7 @@ class Supervisor:
 
     def failed(self, mesh: str, rank: int, reason: str, abnormal: bool) -> None:
         state = self.meshes.get(mesh)
-        if state is None or rank in state.stopped:
+        if state is None or rank in state.stopped or rank not in state.ready:  # (a rank a shrink took away)
             return
         if state.supervisor is None:  # unsupervised: nothing handles it
             if self.membership.is_group(mesh):  # a process group's own actor: re-formed with the mesh
@@ -115,7 +140,7 @@ class Supervisor:
                 self.on_unhandled(state, rank, reason, "unsupervised")
             return
         state.ready[rank].clear()  # calls wait until the supervisor decides
-        self._queue.put((mesh, rank, reason, abnormal))
+        self._queue.put((mesh, rank, reason, abnormal, state.procs[rank]))
 
     def missing(self, mesh: str, rank: int, reason: str, issued_at: float) -> None:
         """A call issued at `issued_at` (monotonic) found no actor where a supervised member
@@ -170,16 +195,25 @@ class Supervisor:
             if item is None:
                 return
             try:
-                self._handle(*item)
+                if item[0] == "rebuild":
+                    self._rebuild_after_takeover(item[1])
+                else:
+                    self._handle(*item)
             except Exception:
-                log.exception("supervisor failed to handle a failure", mesh=item[0], rank=item[1])
+                log.exception("supervisor failed to handle a failure", mesh=str(item[0]), rank=item[1])
 
-    def _handle(self, mesh: str, rank: int, reason: str, abnormal: bool) -> None:
+    def _handle(self, mesh: str, rank: int, reason: str, abnormal: bool, proc: ProcRef) -> None:
         state = self.meshes.get(mesh)
         if state is None:  # the program stopped the mesh meanwhile
             return
+        if rank >= len(state.procs) or state.procs[rank] is not proc:
+            return  # the mesh shrank since: this point left with its host
         sup = state.supervisor
         self._event("failure", mesh=mesh, rank=rank, reason=reason, abnormal=abnormal)
+        lost = self._lost_host(proc)
+        if lost is not None and sup.policy.on_host_lost == "shrink" and not sup.escalated:
+            self._shrink(state, rank, lost, reason)
+            return
         decision = sup.on_failure(rank, reason, abnormal, time.monotonic())
         if decision.action == "ignore":
             state.down.add(rank)
@@ -189,11 +223,7 @@ class Supervisor:
                 self._release(state)
             return
         if decision.action == "escalate":
-            self._event("escalation", mesh=mesh, report=decision.report, rank=rank, spawn=state.spawn_seq)
-            log.error("supervision escalated to the program", mesh=mesh, report=decision.report)
-            self._release(state)
-            if self.on_unhandled is not None:
-                self.on_unhandled(state, rank, decision.report, "escalation")
+            self._escalate(state, rank, decision.report)
             return
         for r in decision.ranks:
             state.ready[r].clear()
@@ -223,6 +253,90 @@ class Supervisor:
         rebuilt = time.monotonic()
         for r in decision.ranks:
             state.down.discard(r)
+            state.rebuilt_at[r] = rebuilt
+            state.ready[r].set()
+
+    def _escalate(self, state: MeshState, rank: int, report: str) -> None:
+        state.supervisor.escalated = report
+        self._event("escalation", mesh=state.name, report=report, rank=rank, spawn=state.spawn_seq)
+        log.error("supervision escalated to the program", mesh=state.name, report=report)
+        self._release(state)
+        if self.on_unhandled is not None:
+            self.on_unhandled(state, rank, report, "escalation")
+
+    def _lost_host(self, proc: ProcRef) -> str | None:
+        """The address of the proc's host if that host is lost."""
+        runtime = self.runtime
+        return proc.host if runtime.moved_hosts.get(proc.host, proc.host) in runtime.lost_hosts else None
+
+    def _shrink(self, state: MeshState, rank: int, host: str, reason: str) -> None:
+        """on_host_lost="shrink": the lost host's points leave the proc mesh the actor mesh was
+        spawned on, and every mesh on it; the groups over it re-form with the smaller world;
+        every supervised mesh on it restarts with its members renumbered. Journaled before it
+        is acted on; the program's handles follow at its next use of one (controller/shapes.py)."""
+        shape = state.shape
+        keep = shape.keep_without(host) if shape is not None else None
+        if keep is None:
+            self._escalate(state, rank, f"actor mesh {state.name!r} lost {state.name}[{rank}] with its host "
+                                        f"({reason}) but cannot shrink: only a mesh spawned on a whole proc mesh "
+                                        "of a host mesh loses whole hosts (spawn it on the proc mesh "
+                                        "s.host_mesh(...).spawn_procs(...) returns, not on a slice)")
+            return
+        if not keep:
+            self._escalate(state, rank, f"actor mesh {state.name!r} lost the last host it had ({reason}): a mesh "
+                                        "cannot shrink to nothing (on_host_lost='shrink'); it is no longer restarted")
+            return
+        on_shape = [st for st in self.meshes.values() if st.shape is shape]
+        for st in on_shape:
+            for r in st.ready:
+                st.ready[r].clear()
+        try:
+            self._decided("shrink", shape=shape.seq, host=host, keep=keep, mesh=state.name)
+        except SupervisionError as e:
+            log.warning("a shrink could not be journaled; not acted on", mesh=state.name, error=str(e))
+            return
+        gone = [p for i, p in enumerate(shape.sup_procs) if i not in set(keep)]
+        shape.sup_apply(keep)
+        self.shapes.decided(shape, host, keep)
+        log.warning("a lost host's points left the mesh", mesh=state.name, host=host, dims=shape.sup_dims)
+        for st in on_shape:
+            st.reshape(shape.sup_procs, shape.sup_dims)
+        try:
+            self.membership.leave(gone)
+            self.membership.reform(shape.sup_procs)
+            for st in on_shape:
+                if st.supervisor is not None and not st.supervisor.escalated:
+                    self._rebuild_all(st)
+        except Exception as e:
+            log.warning("rebuilding a shrunk mesh failed; its policy goes on", mesh=state.name, error=str(e))
+            self.failed(state.name, 0, str(e), abnormal=True)
+            return
+        self._event("shrunk", mesh=state.name, host=host, dims=shape.sup_dims)
+
+    def _rebuild_after_takeover(self, state: MeshState) -> None:
+        if not self.membership.needs_reform(state.procs):  # a restart re-formed it meanwhile
+            self._release(state)
+            return
+        try:
+            self.membership.reform(state.procs)
+            self._rebuild_all(state)
+        except Exception as e:
+            log.warning("rebuilding a shrunk mesh after a takeover failed; its policy goes on", mesh=state.name,
+                        error=str(e))
+            self.failed(state.name, 0, str(e), abnormal=True)
+
+    def _rebuild_all(self, state: MeshState) -> None:
+        """Every member of a reshaped mesh, rebuilt at its new point (a new incarnation each)."""
+        sup = state.supervisor
+        ranks = list(range(len(state.procs)))
+        inc = max(sup.incarnation.values(), default=0) + 1  # above any member's, at whichever point it was
+        for r in ranks:
+            sup.incarnation[r] = inc
+            self._spawn(state, r, inc)
+        self._event("restart", mesh=state.name, ranks=ranks, incarnation=[sup.incarnation[r] for r in ranks],
+                    delay_s=0.0)
+        rebuilt = time.monotonic()
+        for r in ranks:
             state.rebuilt_at[r] = rebuilt
             state.ready[r].set()
 

@@ -1,0 +1,90 @@
+"""on_host_lost="shrink": a lost host's points leave the mesh, the process group re-forms with
+the smaller world, and the program's handles show the smaller mesh from its next use of one.
+Loopback agents on the embedded store (no root)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from regent import Actor, RestartPolicy, Session, SupervisionError, context, endpoint
+from tests.support.loopback import loopback_agents, stop_then_kill, supervision_records
+
+TTL_S = 1.0
+SHRINK = RestartPolicy(strategy="one_for_all", on_host_lost="shrink", max_restarts=10, window_s=60)
+
+
+class Rank(Actor):
+    @endpoint
+    def step(self) -> tuple[float, int, int, dict]:
+        """The group's sum of rank + 1, the world size, this rank, and this actor's sizes."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.full((2,), float(context().rank + 1))
+        dist.all_reduce(t)
+        return float(t[0]), dist.get_world_size(), context().rank, dict(context().sizes)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@pytest.fixture
+def cluster(own_home, tmp_path: Path) -> Iterator[Callable[..., tuple[str, dict]]]:
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    with loopback_agents(url, tmp_path, TTL_S) as add:
+        yield lambda *names: (url, add(*names))
+
+
+def until_ok(call: Callable[[], object], errors: list[str], timeout_s: float = 90.0) -> object:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except SupervisionError as e:
+            errors.append(str(e))
+            assert time.monotonic() < deadline, errors[-3:]
+
+
+def test_a_lost_hosts_points_leave_the_mesh_and_the_group_reforms_smaller(cluster) -> None:
+    url, agents = cluster("a", "b")
+    errors: list[str] = []
+    with Session("shrink", journal=url) as s:
+        procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
+        procs.init_process_group(backend="gloo")
+        ranks = procs.spawn("r", Rank, restart=SHRINK)
+        assert [v[:3] for v in ranks.step.call().get(timeout=60).values()] == [(3.0, 2, 0), (3.0, 2, 1)]
+        survivor = ranks.slice(hosts=1).pid.call_one().get(timeout=30)
+        stop_then_kill(agents["a"])
+        values = until_ok(lambda: ranks.step.call().get(timeout=60).values(), errors)
+        assert values == [(1.0, 1, 0, {"hosts": 1, "procs": 1})], values
+        assert ranks.dims == {"hosts": 1, "procs": 1} and ranks.size() == 1
+        assert procs.dims == {"hosts": 1, "procs": 1} and len(procs) == 1
+        assert ranks.pid.call().get(timeout=30).values() == [survivor]  # the same proc, not a new one
+        for _ in range(3):  # and stays so
+            assert ranks.step.call().get(timeout=60).values()[0][:2] == (1.0, 1)
+    assert 1 <= len(errors) <= 4, errors
+    events = supervision_records(url, "shrink")
+    assert [e["keep"] for e in events if e["ev"] == "shrink"] == [[1]]
+    assert [e["at"] for e in events if e["ev"] == "shrink_seen"], "the program's view change is journaled"
+
+
+def test_shrinking_the_last_host_escalates_saying_so(cluster) -> None:
+    url, agents = cluster("a")
+    with Session("shrink-last", journal=url) as s:
+        ranks = s.host_mesh(hosts=1, cluster="loop").spawn_procs(per_host={"procs": 1}).spawn(
+            "r", Rank, restart=SHRINK)
+        ranks.pid.call().get(timeout=30)
+        stop_then_kill(agents["a"], pause_s=0.1)
+        deadline = time.monotonic() + 30
+        while not s._supervisor.meshes["r"].supervisor.escalated:
+            assert time.monotonic() < deadline, "the mesh did not escalate"
+            time.sleep(0.1)
+        report = s._supervisor.meshes["r"].supervisor.escalated
+    assert "lost the last host it had" in report and "cannot shrink to nothing" in report, report
