@@ -87,23 +87,23 @@ class ClusterHosts:
         with self._lock:
             return next(((w.cluster, w.id) for w in self.watched.values() if w.addr == addr), None)
 
-    def pick_spare(self, cluster: str, timeout_s: float, lost: str) -> dict:
-        """The first registered host of `cluster` (by name) that this session does not use, once
-        one is registered: where a lost host's procs start again. TimeoutError after `timeout_s`."""
+    def unused(self, cluster: str, n: int, timeout_s: float, why: str) -> list[dict]:
+        """The first `n` registered hosts of `cluster` (by name) that this session does not use,
+        once that many are registered: spares for lost hosts, or new hosts for a mesh that grows.
+        TimeoutError after `timeout_s`, saying `why` they were wanted."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
                 used = {w.id for w in self.watched.values() if w.cluster == cluster}
             hosts = self.registered(cluster)
-            spare = next((h for h in hosts if h.id not in used), None)
-            if spare is not None:
-                return _entry(spare)
+            free = [h for h in hosts if h.id not in used]
+            if len(free) >= n:
+                return [_entry(h) for h in free[:n]]
             if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"no spare host to replace lost host {lost} of cluster {cluster!r}: every one of the "
-                    f"{len(hosts)} registered hosts is in use and none registered within {timeout_s:g} s "
-                    f"(replace_timeout_s); start one with `regent host --cluster {cluster} --store "
-                    f"{self.backend.url} --advertise <the node's IP>`")
+                    f"{why}: cluster {cluster!r} has {len(free)} of the {n} unused hosts needed ({len(hosts)} "
+                    f"registered, {len(hosts) - len(free)} in use by this session) after {timeout_s:g} s; start "
+                    f"one with `regent host --cluster {cluster} --store {self.backend.url} --advertise <the node's IP>`")
             time.sleep(PICK_POLL_S)
 
     def attach(self, cluster: str, entries: list[dict], replaying: bool) -> list[str]:

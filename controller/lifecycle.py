@@ -190,6 +190,41 @@ class Lifecycle:
             return ActorMesh(s, name, cls, shape.procs, dict(shape.dims), shape=shape)
         return ActorMesh(s, name, cls, procs, dims)
 
+    def grow(self, mesh: ProcMesh, hosts: int, timeout_s: float) -> None:
+        """Add `hosts` registered hosts the session does not use to a proc mesh: new points at
+        the end, actors of its meshes spawned there, its groups re-formed (Supervisor.grow).
+        Which hosts is a journaled value, as for host_mesh; their procs a journaled spawn."""
+        shape = mesh._shape
+        if shape is None or len(mesh._view) != len(shape.procs):
+            raise ValueError("grow() grows a whole proc mesh of a host mesh (what s.host_mesh(...).spawn_procs(...) "
+                             "returned), not a slice or a mesh of this machine")
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
+            raise ValueError(f"hosts={hosts!r}: grow by a positive number of hosts")
+        s = self.s
+        s._shapes.adopt(s)
+        clusters = s._edge.clusters()
+        where = clusters.host_at(shape.procs[0].host) if shape.procs else None
+        if where is None:
+            raise ValueError("grow() needs a proc mesh on the hosts of a cluster (s.host_mesh(...))")
+        cluster = where[0]
+        seq, jc = s._begin("grow", cluster, str(hosts))
+        if jc is not None:
+            s._engine.stats["replayed"] += 1
+            picked = _journaled_pick(seq, jc.value, cluster, hosts)
+        else:
+            entries = clusters.unused(cluster, hosts, timeout_s, f"cannot grow the proc mesh by {hosts} hosts")
+            picked = {"cluster": cluster, "hosts": entries}
+            self._check_reachable(cluster, entries)
+            s._do(s._engine.value_record(seq, "grow", picked, cluster, str(hosts)))
+        s._finished(seq)
+        addresses = clusters.attach(cluster, picked["hosts"], jc is not None)
+        ((dim, count),) = ((d, n) for d, n in shape.dims.items() if d != "hosts")
+        added = self.spawn_procs(addresses, {dim: count}).procs()
+        done_before = s._engine.replay is not None and any(
+            isinstance(d, dict) and d.get("ev") == "grown" and d.get("at") == seq for d in s._engine.replay.supervision)
+        s._supervisor.grow(shape, added, seq, done_before)
+        shape.grow(added)
+
     def group_formed(self, name: str, procs: list[ProcRef], backend: str, timeout_s: float) -> None:
         """A proc mesh formed a process group (its system mesh `name`): supervision re-forms it
         when a member is replaced or leaves."""

@@ -81,7 +81,9 @@ class Membership:
                     raise SupervisionError(f"host agent at {lost} is not a host of a cluster: a proc of the "
                                            "controller's own machine has no spare to move to")
                 cluster, old_id = where
-                entry = {"cluster": cluster, **clusters.pick_spare(cluster, timeout_s, old_id)}
+                (spare,) = clusters.unused(cluster, 1, timeout_s, f"no spare host to replace lost host {old_id} "
+                                                                   "(replace_timeout_s)")
+                entry = {"cluster": cluster, **spare}
                 self.note("host_replaced", cluster=cluster, host=old_id, addr=lost, new=entry)
                 log.warning("lost host replaced by a spare", cluster=cluster, host=old_id, spare=entry["id"])
             new = entry["cluster"], {k: entry[k] for k in ("id", "addr", "inc", "hostname") if k in entry}
@@ -116,6 +118,14 @@ class Membership:
 
     def is_group(self, mesh: str) -> bool:
         return mesh in self.groups
+
+    def grown(self, old: list[ProcRef], added: list[ProcRef]) -> None:
+        """A proc mesh grew by `added`: the groups formed over all of `old` take them (as the
+        last ranks), to re-form larger."""
+        for group in self.groups.values():
+            if group.procs and all(p in old for p in group.procs):
+                group.procs = group.procs + [p for p in added if p not in group.procs]
+                self.runtime.groups[group.name] = group.procs
 
     def needs_reform(self, procs: list[ProcRef]) -> bool:
         """Whether a group with a member among `procs` has other members than it was formed with."""

@@ -161,6 +161,14 @@ class ProcMesh:
     def procs(self) -> list[ProcRef]:
         return [self._procs[r] for r in self._current().ranks]
 
+    def grow(self, hosts: int, timeout_s: float = 60.0) -> None:
+        """Add `hosts` registered hosts of the cluster that the session does not use (their points
+        at the end of the "hosts" dim): procs start there, every actor mesh spawned on this proc
+        mesh gets members there (a supervised one is rebuilt at its new size), and a process
+        group formed on it re-forms with the larger world. The inverse of a shrink; journaled.
+        TimeoutError, saying how many hosts are free, when too few register within timeout_s."""
+        self._session._lifecycle.grow(self, hosts, timeout_s)
+
     def __reduce__(self) -> tuple:
         """Sent to an actor, a proc mesh travels as a `ProcMeshRef`: plain data, no Session."""
         return self._ref().__reduce__()

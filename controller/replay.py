@@ -31,7 +31,7 @@ SUPERVISION = "sup"  # {ev, ...}
 CHECKPOINT = "ckpt"  # {s}
 END = "session_end"  # {error?}
 
-VALUE_KINDS = frozenset({"now", "random", "side_effect", "this_host", "host_mesh", "resume", "checkpoint"})
+VALUE_KINDS = frozenset({"now", "random", "side_effect", "this_host", "host_mesh", "grow", "resume", "checkpoint"})
 
 
 class NonDeterminismError(RegentError):
@@ -133,6 +133,8 @@ def batched_results(rec: Record, session: str = "") -> Iterator[dict]:
 def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", points: Iterable[int] = ()) -> str:
     if kind == "host_mesh":
         return f"host_mesh(hosts={method}, cluster={actor!r})"
+    if kind == "grow":
+        return f"a proc mesh's grow(hosts={method}) in cluster {actor!r}"
     if kind in VALUE_KINDS:
         return f"{kind}()"
     if kind == "loop":

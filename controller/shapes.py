@@ -60,6 +60,15 @@ class Shape:
     def sup_apply(self, keep: list[int]) -> None:
         self.sup_procs, self.sup_dims = _kept(self.sup_procs, self.sup_dims, keep)
 
+    def sup_grow(self, added: list[ProcRef]) -> None:
+        self.sup_procs, self.sup_dims = _grown(self.sup_procs, self.sup_dims, added)
+
+    def grow(self, added: list[ProcRef]) -> None:
+        """New points at the end (the program's view; it grows on the program's thread)."""
+        self.procs, self.dims = _grown(self.procs, self.dims, added)
+        for handle in list(self.handles):
+            handle._reshape(self.procs, self.dims)
+
     def apply(self, keep: list[int]) -> None:
         self.procs, self.dims = _kept(self.procs, self.dims, keep)
         for handle in list(self.handles):
@@ -68,6 +77,11 @@ class Shape:
 
 def _per_host(procs: list, dims: dict[str, int]) -> int:
     return max(1, len(procs) // max(1, dims.get("hosts", 1)))
+
+
+def _grown(procs: list, dims: dict[str, int], added: list) -> tuple[list, dict[str, int]]:
+    per_host = _per_host(procs, dims)
+    return procs + list(added), {**dims, "hosts": dims["hosts"] + len(added) // per_host}
 
 
 def _kept(procs: list, dims: dict[str, int], keep: list[int]) -> tuple[list, dict[str, int]]:

@@ -197,6 +197,8 @@ class Supervisor:
             try:
                 if item[0] == "rebuild":
                     self._rebuild_after_takeover(item[1])
+                elif item[0] == "grow":
+                    self._grow(*item[1])
                 else:
                     self._handle(*item)
             except Exception:
@@ -313,6 +315,46 @@ class Supervisor:
             return
         self._event("shrunk", mesh=state.name, host=host, dims=shape.sup_dims)
 
+    def grow(self, shape: Shape, added: list[ProcRef], seq: int, done_before: bool) -> None:
+        """A proc mesh grows by `added` (its grow call at `seq`): every mesh on it takes the new
+        points at the end, the groups over it re-form larger, supervised meshes rebuild at their
+        new size and the others get members on the new points; unless a previous leader did all
+        that (`done_before`), when only this side's view grows. On the supervisor's thread, as
+        a failure is handled; the caller waits for it."""
+        done: dict[str, Any] = {"event": threading.Event()}
+        self._queue.put(("grow", (shape, added, seq, done_before, done)))
+        done["event"].wait()
+        if "error" in done:
+            raise SupervisionError(f"the proc mesh grew by {len(added)} procs but its meshes could not be "
+                                   f"rebuilt on them: {done['error']}")
+
+    def _grow(self, shape: Shape, added: list[ProcRef], seq: int, done_before: bool, done: dict) -> None:
+        try:
+            old = list(shape.sup_procs)
+            shape.sup_grow(added)
+            on_shape = [st for st in self.meshes.values() if st.shape is shape]
+            sizes = {st.name: len(st.procs) for st in on_shape}
+            for st in on_shape:
+                st.reshape(shape.sup_procs, shape.sup_dims)
+            self.membership.grown(old, added)
+            if not done_before:
+                self.membership.reform(shape.sup_procs)
+                for st in on_shape:
+                    if self.membership.is_group(st.name):
+                        continue  # built by the re-forming
+                    if st.supervisor is not None:
+                        self._rebuild_all(st)
+                    else:
+                        for r in range(sizes[st.name], len(st.procs)):
+                            self._spawn(st, r, 1)
+                self._event("grown", shape=shape.seq, at=seq, dims=shape.sup_dims)
+            for st in on_shape:
+                self._release(st)
+        except Exception as e:
+            done["error"] = str(e)
+        finally:
+            done["event"].set()
+
     def _rebuild_after_takeover(self, state: MeshState) -> None:
         if not self.membership.needs_reform(state.procs):  # a restart re-formed it meanwhile
             self._release(state)
@@ -378,7 +420,7 @@ class Supervisor:
         meta = {"sid": self.sid, "e": self.runtime.epoch, "s": -1, "a": state.name, "m": "__init__",
                 "d": b"", "rt": self.runtime.reply_address, "pt": rank, **state.coords[rank],
                 "restart": True, "inc": incarnation}
-        timeout = state.supervisor.policy.restart_timeout_s
+        timeout = state.supervisor.policy.restart_timeout_s if state.supervisor is not None else 60.0
         try:
             reply = self.runtime.ask_proc(proc, Kind.SPAWN, meta, state.frames, timeout)
         except PeerGone as e:

@@ -19,14 +19,16 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # model.py and actors.py, also under runpy
 
 from actors import Checkpointer, Evaluator, Trainer  # noqa: E402
 from model import FULL, TINY  # noqa: E402
 
-from regent import Session  # noqa: E402
+from regent import RestartPolicy, Session, SupervisionError  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -41,6 +43,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-ttl", type=float, default=1.0, help="seconds a dead primary holds the lead")
     p.add_argument("--hosts", type=int, default=0,
                    help="train on N hosts of $REGENT_CLUSTER, one proc each (default: 3 procs on this host)")
+    p.add_argument("--spares", type=int, default=0,
+                   help="spare hosts registered beyond --hosts: a lost host is replaced from one "
+                        "(on_host_lost='replace') and its replica heals from a healthy one")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="sleep this long per step (tests use it to give a kill time to land)")
     return p.parse_args(argv)
@@ -67,9 +72,13 @@ def main(argv: list[str] | None = None) -> dict:
             trainer_procs = procs.slice(procs=slice(0, 2))
             aux = procs.slice(procs=2)
         trainer_procs.init_process_group()  # gloo on CPU: gradients are all-reduced through it
-        trainers = trainer_procs.spawn("trainers", Trainer, cfg.asdict())
-        evaluator = aux.spawn("evaluator", Evaluator, cfg.asdict())
-        saver = aux.spawn("checkpointer", Checkpointer, cfg.asdict(), directory)
+        # With spares, a lost host's procs start again on one, the group re-forms, and every
+        # mesh restarts (its replicas keep their state on the procs that survived).
+        policy = RestartPolicy(strategy="one_for_all", on_host_lost="replace", max_restarts=10, window_s=300,
+                               restart_timeout_s=300) if args.spares else None
+        trainers = trainer_procs.spawn("trainers", Trainer, cfg.asdict(), restart=policy)
+        evaluator = aux.spawn("evaluator", Evaluator, cfg.asdict(), restart=policy)
+        saver = aux.spawn("checkpointer", Checkpointer, cfg.asdict(), directory, restart=policy)
         publisher = trainers.slice(**dict.fromkeys(trainers.dims, 0))
         buf = publisher.weights.call_one().get()
 
@@ -80,15 +89,30 @@ def main(argv: list[str] | None = None) -> dict:
         live = Live(s)
         while True:
             if state["snapshot_due"]:
+                try:
+                    trainers.publish.call(state["step"]).get()  # every replica: any one can serve it
+                except SupervisionError:
+                    if not policy:
+                        raise
+                    buf = heal(s, trainers, publisher, state)
+                    continue
                 state["snapshot_due"] = False
-                publisher.publish.call_one(state["step"]).get()
+                state["snapshot_step"] = state["step"]
                 pending.append(("eval", evaluator.evaluate.call_one(buf, state["step"])))
                 if state["step"] % cfg.save_every == 0 or state["step"] == steps:
                     pending.append(("save", saver.save.call_one(buf, state["step"])))
             if state["step"] >= steps:
                 break
             step = state["step"]
-            loss = trainers.step.call(step).get().values()[0]
+            try:
+                loss = trainers.step.call(step).get().values()[0]
+            except SupervisionError as e:  # a host was lost: heal the replicas, then the step again
+                if not policy:
+                    raise
+                state["redone"] = state.get("redone", 0) + 1
+                say(s, f"step {step + 1} failed ({e.reason}): healing the replicas")
+                buf = heal(s, trainers, publisher, state)
+                continue
             state["losses"].append(loss)
             state["step"] = step + 1
             live.check()
@@ -99,23 +123,82 @@ def main(argv: list[str] | None = None) -> dict:
             if state["step"] % cfg.eval_every == 0 or state["step"] == steps:
                 # The previous evaluation and save read the buffer: wait for them before it
                 # changes. They ran while the trainers went on, so this rarely waits.
-                collect(s, pending, state)
+                buf = collect(s, pending, state, buf, Heal(trainers, publisher, evaluator, saver) if policy else None)
                 state["snapshot_due"] = True
                 s.checkpoint(state)  # nothing in flight: a takeover resumes exactly here
-        collect(s, pending, state)
+        collect(s, pending, state, buf, Heal(trainers, publisher, evaluator, saver) if policy else None)
         digests = trainers.digest.call().get().values()
         live.check()
         result = {"session": s.name, "steps": steps, "weights_sha256": digests[0],
                   "replicas_agree": len(set(digests)) == 1, "losses": state["losses"],
                   "evals": state["evals"], "saved": state["saved"], "stats": s.stats, "role": s.role,
+                  "redone": state.get("redone", 0), "healed": state.get("healed", []),
                   "pid": os.getpid(), "checkpoint_dir": directory}
     print(json.dumps(result), flush=True)
     return result
 
 
-def collect(s: Session, pending: list, state: dict) -> None:
+def say(s: Session, line: str) -> None:
+    if not s.replaying:
+        print(line, file=sys.stderr, flush=True)
+
+
+def heal(s: Session, trainers: Any, publisher: Any, state: dict) -> Any:
+    """After a lost host: bring every replica to the most advanced healthy one's state, read
+    through an RDMA buffer (live recovery), or, with none left, to the last checkpoint. Every
+    step is a call, so a replay heals the same way. The publisher's buffer, as it is now."""
+    while True:
+        try:
+            progress = trainers.progress.call().get().values()
+            healthy = [r for r, (_, trained) in enumerate(progress) if trained]
+            if not healthy:  # no replica survived: the checkpoint is all there is
+                if not state["saved"]:
+                    raise RuntimeError("every replica was lost before the first checkpoint")
+                resumed = trainers.restore.call(state["saved"][-1]).get().values()[0]
+                del state["losses"][resumed:]
+                state["step"] = resumed
+                state.setdefault("healed", []).append({"from": "checkpoint", "step": resumed})
+                say(s, f"healed from checkpoint {state['saved'][-1]} at step {resumed}")
+            else:
+                source = max(healthy, key=lambda r: progress[r][0])
+                at = progress[source][0]
+                if any(p != (at, True) for p in progress):
+                    sel = {d: 0 for d in trainers.dims}
+                    sel[next(iter(trainers.dims))] = source
+                    blob = trainers.slice(**sel).export_state.call_one().get()
+                    took = trainers.import_state.call(blob, at).get().values()
+                    state.setdefault("healed", []).append({"from": source, "step": at, "took": sum(took)})
+                    say(s, f"healed {sum(took)} replica(s) from replica {source} at step {at}")
+            return publisher.weights.call_one().get()
+        except SupervisionError as e:
+            say(s, f"healing was interrupted ({e.reason}); again")
+
+
+@dataclass
+class Heal:
+    """What collect needs to redo an evaluation or a save a lost host failed."""
+
+    trainers: Any
+    publisher: Any
+    evaluator: Any
+    saver: Any
+
+
+def collect(s: Session, pending: list, state: dict, buf: Any = None, healing: Heal | None = None) -> Any:
+    """Wait for the evaluations and saves in flight; one a lost host failed is run again on
+    the snapshot every replica keeps (so it gives what it would have). The buffer, as now."""
     for kind, fut in pending:
-        value = fut.get()
+        while True:
+            try:
+                value = fut.get()
+                break
+            except SupervisionError:
+                if healing is None:
+                    raise
+                buf = heal(s, healing.trainers, healing.publisher, state)
+                step = state["snapshot_step"]
+                fut = (healing.evaluator.evaluate.call_one(buf, step) if kind == "eval"
+                       else healing.saver.save.call_one(buf, step))
         if kind == "eval":
             state["evals"].append(value)
             if not s.replaying:
@@ -124,6 +207,7 @@ def collect(s: Session, pending: list, state: dict) -> None:
         else:
             state["saved"].append(value)
     pending.clear()
+    return buf
 
 
 class Live:

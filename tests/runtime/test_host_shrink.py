@@ -33,6 +33,10 @@ class Rank(Actor):
     def pid(self) -> int:
         return os.getpid()
 
+    @endpoint
+    def parent(self) -> int:
+        return os.getppid()
+
 
 @pytest.fixture
 def cluster(own_home, tmp_path: Path) -> Iterator[Callable[..., tuple[str, dict]]]:
@@ -88,3 +92,37 @@ def test_shrinking_the_last_host_escalates_saying_so(cluster) -> None:
             time.sleep(0.1)
         report = s._supervisor.meshes["r"].supervisor.escalated
     assert "lost the last host it had" in report and "cannot shrink to nothing" in report, report
+
+
+def test_a_shrunk_mesh_grows_back_onto_a_host_that_registers_later(cluster) -> None:
+    url, agents = cluster("a", "b")
+    errors: list[str] = []
+    with Session("grow", journal=url) as s:
+        procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
+        procs.init_process_group(backend="gloo")
+        ranks = procs.spawn("r", Rank, restart=SHRINK)
+        ranks.step.call().get(timeout=60)
+        stop_then_kill(agents["a"], pause_s=0.1)
+        until_ok(lambda: ranks.step.call().get(timeout=60), errors)
+        assert procs.dims == {"hosts": 1, "procs": 1}
+        cluster("c")
+        procs.grow(hosts=1, timeout_s=30)
+        assert procs.dims == {"hosts": 2, "procs": 1} and ranks.dims == {"hosts": 2, "procs": 1}
+        values = ranks.step.call().get(timeout=60).values()
+        assert values == [(3.0, 2, 0, {"hosts": 2, "procs": 1}), (3.0, 2, 1, {"hosts": 2, "procs": 1})], values
+        assert ranks.parent.call().get(timeout=30).values() == [agents["b"].pid, agents["c"].pid]
+    grown = [e for e in supervision_records(url, "grow") if e["ev"] == "grown"]
+    assert [e["dims"] for e in grown] == [{"hosts": 2, "procs": 1}]
+
+
+def test_growing_with_no_unused_host_says_how_many_are_free_after_its_timeout(cluster) -> None:
+    url, _ = cluster("a")
+    with Session("grow-none", journal=url) as s:
+        procs = s.host_mesh(hosts=1, cluster="loop").spawn_procs(per_host={"procs": 1})
+        with pytest.raises(TimeoutError) as info:
+            procs.grow(hosts=1, timeout_s=0.5)
+        with pytest.raises(ValueError, match="not a slice"):
+            procs.slice(hosts=0).grow(hosts=1)
+    text = str(info.value)
+    assert "cannot grow the proc mesh by 1 hosts" in text and "0 of the 1 unused hosts" in text, text
+    assert "regent host --cluster loop" in text
