@@ -387,6 +387,15 @@ def _effects(events: Sequence[FaultEvent], leaders: Sequence[tuple[int, float]],
             n_fail = sum(v for k, v in fails.items() if e.t - 0.1 <= k <= e.t + 5)
             effect = (f"host killed with its {len(e.detail.get('procs') or ())} procs; "
                       + (f"{n_fail} call points failed (SupervisionError seen)" if n_fail else "no call failed"))
+            after = [(t, d) for t, d in sup if t >= e.t - 0.05]
+            moved = next(((t, d) for t, d in after if d.get("ev") in ("host_replaced", "shrink")), None)
+            rebuilt = next((t for t, d in after if d.get("ev") == "restart" and moved and t >= moved[0]), None)
+            if moved is not None:
+                what = (f"replaced by spare {(moved[1].get('new') or {}).get('id')}" if moved[1]["ev"] == "host_replaced"
+                        else "its points left the mesh (shrink)")
+                effect += f"; {what} after {moved[0] - e.t:.2f} s"
+                if rebuilt is not None:
+                    effect += f", actors rebuilt after {rebuilt - e.t:.2f} s"
         elif e.kind == "kill" and e.target == "host":
             effect = "host agent SIGKILLed; its procs keep running, start a new agent at its address and are adopted"
         elif e.kind in ("toxic_add", "down", "pause"):

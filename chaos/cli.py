@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", action="store_true",
                    help="run across namespace hosts (needs root, etcd, nftables): 2 controller hosts, "
                         "3 workers, 3 etcd members; packet faults target hosts and roles (docs/chaos.md)")
+    p.add_argument("--spares", type=int, default=0,
+                   help="with --hosts: leave this many worker hosts as spares and replace a lost host from "
+                        "one (on_host_lost='replace'); for scenarios that kill hosts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     Path(os.environ["REGENT_HOME"]).mkdir(parents=True, exist_ok=True, mode=0o700)
     env = {"REGENT_CHAOS_STEP_S": str(args.step_s), "REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout)}
     shape = {"steps": args.steps, "program": Path(args.program), "ttl_s": args.ttl}
+    if args.spares and not args.hosts:
+        raise SystemExit("regent chaos run: --spares needs --hosts (spares are hosts of a cluster)")
     name = f"chaos-{schedule.name or Path(args.scenario).stem}-{os.getpid()}"
     if args.hosts:
         result = _run_on_hosts(schedule, workdir, name, args, env, shape)
@@ -70,9 +75,16 @@ def _run_on_hosts(schedule, workdir: Path, name: str, args: argparse.Namespace, 
     if reason:
         raise SystemExit(f"regent chaos run --hosts: {reason}")
     hosts = make_hosts(workdir / "hosts")
+    if args.spares:
+        if not 0 < args.spares < len(hosts.agents):
+            raise SystemExit(f"regent chaos run: --spares must leave at least one of the {len(hosts.agents)} workers")
+        spare = {"REGENT_CHAOS_HOSTS": str(len(hosts.agents) - args.spares), "REGENT_CHAOS_ON_HOST_LOST": "replace"}
+        env = {**env, **spare}
+    else:
+        spare = {}
     try:
         expected = fault_free_on_hosts(hosts, workdir / "fault-free", f"{name}-ref",
-                                       env={"REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout)}, **shape)
+                                       env={"REGENT_CHAOS_CALL_TIMEOUT_S": str(args.call_timeout), **spare}, **shape)
         return run_on_hosts(hosts, workdir, name, schedule, expected=expected, env=env, standbys=args.standbys,
                             **shape)
     finally:

@@ -126,9 +126,9 @@ def kill(
 
 def host_processes(agent_pid: int) -> list[int]:
     """The live processes host agent `agent_pid` started, read from outside: every process whose
-    command line names one of the agent's listening TCP addresses as its `--host-inbox` (its
-    procs, and procs their actors spawned). An agent listening on every address is matched
-    by port."""
+    command line names the agent's pid as its `--host-pid`, or one of the agent's listening TCP
+    addresses as its `--host-inbox` (its procs, and procs their actors spawned). An agent
+    listening on every address is matched by port."""
     try:
         conns = psutil.Process(agent_pid).net_connections(kind="tcp")
     except psutil.NoSuchProcess:
@@ -143,7 +143,10 @@ def host_processes(agent_pid: int) -> list[int]:
     for proc in psutil.process_iter(["pid", "cmdline"]):
         argv = proc.info.get("cmdline") or []
         inboxes = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--host-inbox"]
-        if proc.info["pid"] != agent_pid and any(started_by_agent(a) for a in inboxes):
+        # The agent's pid on its procs' command lines as well: psutil reads listening sockets in
+        # this process's network namespace, not the agent's (a namespace host's agent shows none).
+        started = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--host-pid"]
+        if proc.info["pid"] != agent_pid and (str(agent_pid) in started or any(started_by_agent(a) for a in inboxes)):
             out.append(proc.info["pid"])
     return sorted(out)
 

@@ -187,6 +187,7 @@ class HostChaosCluster(ChaosCluster):
         for h in mh.agents:
             table[f"agent/{h}"] = lambda h=h: self._need_pid(mh.agent_pid(h), f"agent/{h}")
             table[f"proc/{h}"] = lambda h=h: self._need_pid(self._proc_on(h), f"proc/{h}")
+            table[f"host/{h}"] = table[f"agent/{h}"]  # kill_host: the agent and every proc it started
         return table
 
     def _member_pid(self, member: str) -> int:

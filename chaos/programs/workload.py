@@ -7,7 +7,7 @@ process appends "pid time" when it leads), REGENT_CHAOS_PROCS, REGENT_CHAOS_PAYL
 (bytes of the array moved by `echo`), REGENT_CHAOS_STEP_S (a pause after each live
 step; results do not depend on it), REGENT_CHAOS_CALL_TIMEOUT_S (the deadline of
 every get), REGENT_CHAOS_RESTART (a restart policy: permanent, transient, temporary
-or none), REGENT_CHAOS_TOXIPROXY (route links through proxies, see chaos.links), REGENT_CHAOS_HOSTS (the
+or none), REGENT_CHAOS_ON_HOST_LOST (its on_host_lost: escalate, replace, shrink), REGENT_CHAOS_TOXIPROXY (route links through proxies, see chaos.links), REGENT_CHAOS_HOSTS (the
 actors on N hosts of $REGENT_CLUSTER, one each, instead of REGENT_CHAOS_PROCS procs here),
 REGENT_CHAOS_HISTORY (where this process records the register calls it issues and what it was
 told of them, for chaos.linearizability).
@@ -229,7 +229,7 @@ def _policy() -> RestartPolicy | None:
     if kind == "none":
         return None
     return RestartPolicy(restart=kind, max_restarts=1000, window_s=1.0, backoff_max_s=0.2,
-                         restart_timeout_s=20.0)
+                         restart_timeout_s=20.0, on_host_lost=os.environ.get("REGENT_CHAOS_ON_HOST_LOST", "escalate"))
 
 
 def _ended_before(s: Session) -> bool:

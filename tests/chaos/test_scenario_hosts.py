@@ -17,6 +17,8 @@ from regent.chaos.hostcluster import HOST_ROLES, make_hosts
 from regent.chaos.netcluster import MultiHost
 from regent.chaos.netns import netem_unavailable_reason
 from regent.chaos.run import fault_free_on_hosts, run_on_hosts
+from regent.chaos.schedule import load_schedule
+from regent.journal import open_journal
 from tests.support.etcd import skip_unless_namespace_hosts_and_etcd
 
 pytestmark = pytest.mark.chaos
@@ -145,3 +147,23 @@ def test_a_random_mix_of_packet_and_process_faults(hosts, reference, tmp_path):
     run = _run(hosts, tmp_path, "hosts: random mix", sched, reference, standbys=1,
                env={"REGENT_CHAOS_STEP_S": "0.08"})
     assert run.report.injected >= 60, run.report.text()
+
+
+def test_a_worker_host_killed_whole_is_replaced_from_the_spare(hosts, tmp_path):
+    """Scenario 21 (chaos/scenarios/hosts_kill_with_spare.toml): two of the three worker hosts
+    run the workload, the third is a spare; h1 is SIGKILLed with every proc it started. Its
+    procs start again on h3 and the run ends as a fault-free one: no call lost or run twice,
+    a call re-run only if it was in flight on h1 when it died."""
+    sched = load_schedule(SCENARIOS / "hosts_kill_with_spare.toml")
+    spare = {"REGENT_CHAOS_HOSTS": "2", "REGENT_CHAOS_ON_HOST_LOST": "replace"}
+    on_two = fault_free_on_hosts(hosts, tmp_path / "ref", name("hosts-ref-2"), steps=STEPS,
+                                 env={"REGENT_CHAOS_CALL_TIMEOUT_S": "5", **spare})
+    run = _run(hosts, tmp_path, "hosts: a host killed, replaced from the spare", sched, on_two, env=spare)
+    (kill,) = [e for e in run.report.faults if e.kind == "kill_host"]
+    assert kill.detail["procs"], run.report.text()
+    j = open_journal(run.cluster.journal_url)
+    try:
+        events = [r.data for r in j.read(run.cluster.session) if r.kind == "sup"]
+    finally:
+        j.close()
+    assert [(d["host"], d["new"]["id"]) for d in events if d.get("ev") == "host_replaced"] == [("h1", "h3")]
