@@ -80,7 +80,7 @@ class Controller:
             for line in self.proc.stderr:
                 out.write(line)
                 out.flush()
-                if line.startswith(("step ", "live at ", "eval ", "procs ")):
+                if line.startswith(("step ", "live at ", "eval ", "procs ", "healed ")):
                     self._events.put((self.pid, line.rstrip("\n")))
 
     def kill(self) -> None:
@@ -350,7 +350,8 @@ class HostKill:
     host: str
     at_step: int
     at: float = 0.0
-    next_step_at: float = 0.0  # when the next step completed
+    healed_at: float = 0.0  # when the replicas were healed (the new member took a healthy one's state)
+    next_step_at: float = 0.0  # when the first step on the new membership completed
 
     @property
     def recovery_s(self) -> float:
@@ -365,6 +366,8 @@ def run_with_host_kill(session: str, workdir: Path, train_args: list[str], contr
     from regent.chaos import kill_host
 
     def on_line(pid: int, line: str) -> None:
+        if line.startswith("healed ") and host_kill.at and not host_kill.healed_at:
+            host_kill.healed_at = time.time()
         m = STEP.match(line)
         if m is None:
             return
@@ -373,7 +376,7 @@ def run_with_host_kill(session: str, workdir: Path, train_args: list[str], contr
             host_kill.at = time.time()
             if progress:
                 print(f"  >>> SIGKILL host {host_kill.host} (its agent and every proc) at step {m[1]}", flush=True)
-        elif host_kill.at and not host_kill.next_step_at:
+        elif host_kill.healed_at and not host_kill.next_step_at:
             host_kill.next_step_at = time.time()
 
     return run_controllers(session, workdir, train_args, controller_kills, journal=journal, progress=progress,
@@ -425,7 +428,7 @@ def main_hosts(args: argparse.Namespace) -> int:
     same_weights = a["weights_sha256"] == b["weights_sha256"]
     same_losses = a["losses"] == b["losses"] and a["evals"] == b["evals"]
     print("\nsummary")
-    print(f"  host {kill.host} killed  at step {kill.at_step}; the next step completed {kill.recovery_s:.2f} s later; "
+    print(f"  host {kill.host} killed  at step {kill.at_step}; the first step on the new membership completed {kill.recovery_s:.2f} s later; "
           f"{a['redone']} step call(s) redone; healed: {a['healed']}")
     for i, t in enumerate(failed.takeovers, 1):
         print(f"  failover {i}          killed at step {t.killed_at_step}; standby live after {t.failover_s:.2f} s")

@@ -46,6 +46,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spares", type=int, default=0,
                    help="spare hosts registered beyond --hosts: a lost host is replaced from one "
                         "(on_host_lost='replace') and its replica heals from a healthy one")
+    p.add_argument("--resume-from", help="a checkpoint file the checkpoint actor wrote: start every replica "
+                                         "from it (a whole-job restart, as TorchElastic does)")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="sleep this long per step (tests use it to give a kill time to land)")
     return p.parse_args(argv)
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         # What follows a checkpoint must be what a takeover runs after resume(): the loop's
         # top. So a checkpoint notes that a snapshot is due, and the top takes it.
-        state = s.resume({"step": 0, "losses": [], "evals": [], "saved": [], "snapshot_due": False})
+        first = trainers.restore.call(args.resume_from).get().values()[0] if args.resume_from else 0
+        state = s.resume({"step": first, "first": first, "losses": [], "evals": [], "saved": [], "snapshot_due": False})
         pending: list = []  # (kind, future): evaluations and saves still running
         live = Live(s)
         while True:
@@ -155,7 +158,7 @@ def heal(s: Session, trainers: Any, publisher: Any, state: dict) -> Any:
                 if not state["saved"]:
                     raise RuntimeError("every replica was lost before the first checkpoint")
                 resumed = trainers.restore.call(state["saved"][-1]).get().values()[0]
-                del state["losses"][resumed:]
+                del state["losses"][max(0, resumed - state["first"]):]
                 state["step"] = resumed
                 state.setdefault("healed", []).append({"from": "checkpoint", "step": resumed})
                 say(s, f"healed from checkpoint {state['saved'][-1]} at step {resumed}")
