@@ -22,7 +22,6 @@ import structlog
 from regent.controller.membership import Membership
 from regent.controller.shapes import Shape, Shapes
 from regent.wire import Kind
-from regent.wire.transport import PeerGone
 from regent.worker.errors import SupervisionError
 from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor, RestartPolicy
@@ -237,8 +236,7 @@ class Supervisor:
             for r in decision.ranks:
                 self._replace_if_dead(state, r)
             self.membership.reform([state.procs[r] for r in decision.ranks])
-            for r in decision.ranks:
-                self._spawn(state, r, sup.incarnation.get(r, 1))
+            self._spawn_all(state, list(decision.ranks), [sup.incarnation.get(r, 1) for r in decision.ranks])
         except _ProcDied as e:  # its death is a failure of its own, queued already: one restart for it
             log.warning("a restart's proc died under it; its death restarts it again", mesh=mesh, rank=r,
                         error=str(e))
@@ -345,8 +343,8 @@ class Supervisor:
                     if st.supervisor is not None:
                         self._rebuild_all(st)
                     else:
-                        for r in range(sizes[st.name], len(st.procs)):
-                            self._spawn(st, r, 1)
+                        added_ranks = list(range(sizes[st.name], len(st.procs)))
+                        self._spawn_all(st, added_ranks, [1] * len(added_ranks))
                 self._event("grown", shape=shape.seq, at=seq, dims=shape.sup_dims)
             for st in on_shape:
                 self._release(st)
@@ -374,7 +372,7 @@ class Supervisor:
         inc = max(sup.incarnation.values(), default=0) + 1  # above any member's, at whichever point it was
         for r in ranks:
             sup.incarnation[r] = inc
-            self._spawn(state, r, inc)
+        self._spawn_all(state, ranks, [inc] * len(ranks))
         self._event("restart", mesh=state.name, ranks=ranks, incarnation=[sup.incarnation[r] for r in ranks],
                     delay_s=0.0)
         rebuilt = time.monotonic()
@@ -415,23 +413,25 @@ class Supervisor:
         runtime.procs[proc.id] = proc
         self._event("proc_replaced", old=old_id, new=proc.id, pid=proc.pid, host=host)
 
-    def _spawn(self, state: MeshState, rank: int, incarnation: int) -> None:
-        proc = state.procs[rank]
-        meta = {"sid": self.sid, "e": self.runtime.epoch, "s": -1, "a": state.name, "m": "__init__",
-                "d": b"", "rt": self.runtime.reply_address, "pt": rank, **state.coords[rank],
-                "restart": True, "inc": incarnation}
+    def _spawn_all(self, state: MeshState, ranks: list[int], incarnations: list[int]) -> None:
+        """Rebuild these members from the mesh's spawn arguments, every proc asked at once (each
+        builds its own; a mesh of many ranks restarts in the time of one)."""
+        asks = []
+        for rank, incarnation in zip(ranks, incarnations, strict=True):
+            meta = {"sid": self.sid, "e": self.runtime.epoch, "s": -1, "a": state.name, "m": "__init__",
+                    "d": b"", "rt": self.runtime.reply_address, "pt": rank, **state.coords[rank],
+                    "restart": True, "inc": incarnation}
+            asks.append((state.procs[rank], Kind.SPAWN, meta, state.frames))
         timeout = state.supervisor.policy.restart_timeout_s if state.supervisor is not None else 60.0
-        try:
-            reply = self.runtime.ask_proc(proc, Kind.SPAWN, meta, state.frames, timeout)
-        except PeerGone as e:
-            raise _ProcDied(f"{state.name}[{rank}] restart failed: {e}") from None
-        if reply is None:
-            raise SupervisionError(f"{state.name}[{rank}] restart got no answer within {timeout:g} s")
-        if reply.get("st") == "dead":  # its proc died while the restart waited
-            raise _ProcDied(f"{state.name}[{rank}] restart failed: {reply.get('em')}")
-        if reply.get("st") != "ok":
-            raise SupervisionError(
-                f"{state.name}[{rank}].__init__ raised {reply.get('et')}: {reply.get('em')} (incarnation {incarnation})")
+        replies = self.runtime.ask_procs(asks, timeout)
+        for rank, incarnation, reply in zip(ranks, incarnations, replies, strict=True):
+            if reply is None:
+                raise SupervisionError(f"{state.name}[{rank}] restart got no answer within {timeout:g} s")
+            if reply.get("st") == "dead":  # its proc died while the restart waited
+                raise _ProcDied(f"{state.name}[{rank}] restart failed: {reply.get('em')}")
+            if reply.get("st") != "ok":
+                raise SupervisionError(f"{state.name}[{rank}].__init__ raised {reply.get('et')}: {reply.get('em')} "
+                                       f"(incarnation {incarnation})")
 
     def close(self) -> None:
         self._stop.set()

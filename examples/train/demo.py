@@ -383,6 +383,26 @@ def run_with_host_kill(session: str, workdir: Path, train_args: list[str], contr
                            timeout=timeout, on_line=on_line)
 
 
+def with_and_without_faults(session: str, workdir: Path, train_args: list[str], controller_kills: list[int],
+                            host_kill: HostKill, agents: dict[str, subprocess.Popen], *, journal: str,
+                            progress: bool = True, timeout: float = 900.0) -> tuple[Run, Run]:
+    """run_with_host_kill, then the same training without faults on the hosts left; the
+    agents are stopped at the end."""
+    try:
+        failed = run_with_host_kill(session, workdir, train_args, controller_kills, host_kill, agents,
+                                    journal=journal, progress=progress, timeout=timeout)
+        if progress:
+            print(f"\nthe same training with no failure (session {session}-ref):")
+        ref = run_reference(f"{session}-ref", workdir, train_args, journal=journal, progress=progress,
+                            timeout=timeout)
+    finally:
+        for agent in agents.values():
+            agent.terminate()
+        for agent in agents.values():
+            agent.wait(30)
+    return failed, ref
+
+
 def main_hosts(args: argparse.Namespace) -> int:
     """`regent demo --hosts N --spares K`: training on N loopback hosts with K spares; one host
     and the controller are SIGKILLed at random steps, and the run ends bit-identical to one
@@ -415,15 +435,7 @@ def main_hosts(args: argparse.Namespace) -> int:
           f"{host_step} and of the controller at step {ctl_step} (seed {seed}); logs in {workdir}")
     agents = start_agents(journal, cluster, names, workdir)
     t0 = time.monotonic()
-    try:
-        failed = run_with_host_kill(session, workdir, train_args, [ctl_step], kill, agents, journal=journal)
-        print(f"\nthe same training with no failure (session {session}-ref):")
-        ref = run_reference(f"{session}-ref", workdir, train_args, journal=journal)
-    finally:
-        for agent in agents.values():
-            agent.terminate()
-        for agent in agents.values():
-            agent.wait(30)
+    failed, ref = with_and_without_faults(session, workdir, train_args, [ctl_step], kill, agents, journal=journal)
     a, b = failed.result, ref.result
     same_weights = a["weights_sha256"] == b["weights_sha256"]
     same_losses = a["losses"] == b["losses"] and a["evals"] == b["evals"]

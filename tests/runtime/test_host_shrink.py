@@ -56,13 +56,18 @@ def until_ok(call: Callable[[], object], errors: list[str], timeout_s: float = 9
             assert time.monotonic() < deadline, errors[-3:]
 
 
+def on_two_hosts(s: Session) -> tuple:
+    """A proc per host of two, in a process group, and a shrinking mesh of Rank on them."""
+    procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
+    procs.init_process_group(backend="gloo")
+    return procs, procs.spawn("r", Rank, restart=SHRINK)
+
+
 def test_a_lost_hosts_points_leave_the_mesh_and_the_group_reforms_smaller(cluster) -> None:
     url, agents = cluster("a", "b")
     errors: list[str] = []
     with Session("shrink", journal=url) as s:
-        procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
-        procs.init_process_group(backend="gloo")
-        ranks = procs.spawn("r", Rank, restart=SHRINK)
+        procs, ranks = on_two_hosts(s)
         assert [v[:3] for v in ranks.step.call().get(timeout=60).values()] == [(3.0, 2, 0), (3.0, 2, 1)]
         survivor = ranks.slice(hosts=1).pid.call_one().get(timeout=30)
         stop_then_kill(agents["a"])
@@ -98,9 +103,7 @@ def test_a_shrunk_mesh_grows_back_onto_a_host_that_registers_later(cluster) -> N
     url, agents = cluster("a", "b")
     errors: list[str] = []
     with Session("grow", journal=url) as s:
-        procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
-        procs.init_process_group(backend="gloo")
-        ranks = procs.spawn("r", Rank, restart=SHRINK)
+        procs, ranks = on_two_hosts(s)
         ranks.step.call().get(timeout=60)
         stop_then_kill(agents["a"], pause_s=0.1)
         until_ok(lambda: ranks.step.call().get(timeout=60), errors)

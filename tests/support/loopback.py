@@ -27,12 +27,13 @@ def start_agent(url: str, name: str, logs: Path, ttl_s: float) -> subprocess.Pop
         stdout=open(logs / f"agent-{name}.log", "a"), stderr=subprocess.STDOUT)
 
 
-def wait_registered(url: str, n: int, timeout_s: float = 30.0) -> None:
+def wait_registered(url: str, names: list[str], timeout_s: float = 30.0) -> None:
+    """Until every one of these agents is registered."""
     j = open_journal(url)
     try:
         deadline = time.monotonic() + timeout_s
-        while len(registered_hosts(j.backend, CLUSTER)) < n:
-            assert time.monotonic() < deadline, f"{n} agents did not register within {timeout_s:g} s"
+        while not set(names) <= {h.id for h in registered_hosts(j.backend, CLUSTER)}:
+            assert time.monotonic() < deadline, f"agents {names} did not register within {timeout_s:g} s"
             time.sleep(0.05)
     finally:
         j.close()
@@ -46,7 +47,7 @@ def loopback_agents(url: str, logs: Path, ttl_s: float) -> Iterator[Callable[...
     def add(*names: str) -> dict[str, subprocess.Popen]:
         for name in names:
             agents[name] = start_agent(url, name, logs, ttl_s)
-        wait_registered(url, len(agents))
+        wait_registered(url, list(names))
         return agents
 
     try:

@@ -4,7 +4,6 @@ without failure. Real host agent, procs, gloo all-reduce and RDMA buffers."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,20 +11,14 @@ from pathlib import Path
 
 import torch
 
+from tests.support.train_demo import load_demo
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train" / "train.py"
 
 
-def _demo():
-    spec = importlib.util.spec_from_file_location("train_demo", ROOT / "examples" / "train" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_training_through_a_controller_failover_ends_bit_identical_to_a_run_without(tmp_path):
-    demo = _demo()
+    demo = load_demo()
     url = f"sqlite://{tmp_path / 'journal.db'}"
     args = ["--tiny", "--steps", "16", "--step-delay", "0.1"]
     session = f"train-failover-{os.getpid()}"

@@ -5,40 +5,22 @@ step in flight when the host died is redone (its replica healed from a healthy o
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _demo():
-    spec = importlib.util.spec_from_file_location("train_demo_hosts", ROOT / "examples" / "train" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.support.train_demo import load_demo
 
 
 def test_training_through_a_host_kill_and_a_controller_kill_ends_bit_identical(own_home, tmp_path, monkeypatch):
     own_home(REGENT_HIPCORE_BACKEND="cpu")
-    demo = _demo()
+    demo = load_demo()
     url = f"sqlite://{tmp_path / 'journal.db'}"
     cluster = f"train{os.getpid()}"
     monkeypatch.setenv("REGENT_CLUSTER", cluster)
     args = ["--tiny", "--steps", "16", "--step-delay", "0.1", "--hosts", "3", "--spares", "1"]
     agents = demo.start_agents(url, cluster, ["h0", "h1", "h2", "h3"], tmp_path)
     kill = demo.HostKill("h1", 5)
-    try:
-        failed = demo.run_with_host_kill("hosts", tmp_path, args, [10], kill, agents, journal=url, progress=False,
-                                         timeout=300)
-        ref = demo.run_reference("hosts-ref", tmp_path, args, journal=url, progress=False, timeout=300)
-    finally:
-        for agent in agents.values():
-            agent.terminate()
-        for agent in agents.values():
-            agent.wait(30)
+    failed, ref = demo.with_and_without_faults("hosts", tmp_path, args, [10], kill, agents, journal=url,
+                                               progress=False, timeout=300)
     a, b = failed.result, ref.result
     assert kill.at and kill.next_step_at > kill.at
     assert a["role"] == "standby-took-over" and len(failed.takeovers) == 1
