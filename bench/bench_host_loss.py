@@ -83,7 +83,9 @@ def one(mode: str, run: int, steps: int, kill_step: int, workdir: Path, save_eve
     cluster = f"bench{os.getpid()}{mode}{run}"
     env = {**os.environ, "REGENT_CLUSTER": cluster, "PYTHONUNBUFFERED": "1", "REGENT_HIPCORE_BACKEND": "cpu"}
     agents = start_agents(url, cluster, ["h0", "h1", "h2"], work)
-    base = ["--tiny", "--steps", str(steps), "--hosts", "2", "--journal", url, "--step-delay", "0.05"]
+    # A 3 s lease: a 2-core machine busy starting procs can stall a renewal past 1 s.
+    base = ["--tiny", "--steps", str(steps), "--hosts", "2", "--journal", url, "--step-delay", "0.05",
+            "--lease-ttl", "3"]
     try:
         spare = ["--spares", "1"] if mode == "spare" else []
         job = Job([*base, *spare, "--session", f"{mode}-{run}", "--checkpoint-dir", str(work / "ckpt")],
@@ -117,9 +119,10 @@ def one(mode: str, run: int, steps: int, kill_step: int, workdir: Path, save_eve
             redone = step - from_step
         return {"mode": mode, "run": run, "killed": victim, "killed_at_step": step, "next_step": next_step,
                 "to_next_step_s": round(next_at - killed_at, 3), "steps_redone": redone}
-    finally:
-        for agent in agents.values():
-            agent.kill()
+    finally:  # every host of the run goes, its procs too (an agent's procs outlive it otherwise)
+        for name, agent in agents.items():
+            if agent.poll() is None:
+                kill_host(agent.pid, target=f"host/{name}")
             agent.wait(30)
 
 
