@@ -461,7 +461,7 @@ def test_shipped_scenarios_are_valid(path: Path) -> None:
         from regent.chaos.hostcluster import HOST_ROLES
 
         names = ["c1", "c2", "h1", "h2", "h3", "e1", "e2", "e3"]
-        procs = ["controller", "standby", "etcd-leader", "etcd-follower", "agent/h1", "proc/h1", "etcd/e1"]
+        procs = ["controller", "standby", "etcd-leader", "etcd-follower", "agent/h1", "proc/h1", "host/h1", "etcd/e1"]
         schedule.check_targets([], procs, [*HOST_ROLES, *names])
 
 

@@ -8,11 +8,11 @@ import uuid
 from pathlib import Path
 
 from regent.chaos.netcluster import MultiHost
-from tests.train.test_train_failover import _demo
+from tests.support.train_demo import load_demo
 
 
 def test_training_over_two_hosts_through_a_failover_is_bit_identical(multihost: MultiHost, tmp_path: Path) -> None:
-    demo = _demo()
+    demo = load_demo()
 
     def where(n: int) -> tuple[list[str], dict[str, str]]:
         host = "c1" if n == 0 else "c2"
