@@ -245,6 +245,11 @@ class Runtime:
         Caller holds the drive."""
         self.lost_hosts.pop(old, None)
         self.lost_hosts.pop(new, None)
+        if old != new:  # the procs it owned are replaced through the new agent, not the dead address
+            for was, now in list(self.moved_hosts.items()):
+                if now == old:
+                    self.moved_hosts[was] = new
+            self.moved_hosts[old] = new
         self.register_host(new)
         stale = [p.id for p in self.procs.values() if p.host == old and not p.alive]
         if stale:

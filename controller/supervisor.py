@@ -408,7 +408,8 @@ class Supervisor:
         (new,) = reply["procs"]
         old_id = proc.id
         runtime.procs.pop(old_id, None)
-        proc.id, proc.address, proc.pid, proc.host = new["id"], new["addr"], new["pid"], host
+        proc.id, proc.address, proc.pid = new["id"], new["addr"], new["pid"]
+        proc.host = runtime.moved_hosts.get(host, host)  # where its agent serves now
         proc.alive, proc.death = True, ""
         runtime.procs[proc.id] = proc
         self._event("proc_replaced", old=old_id, new=proc.id, pid=proc.pid, host=host)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from regent import Actor, Session, SupervisionError, endpoint
+from regent import Actor, RestartPolicy, Session, SupervisionError, endpoint
 from regent.chaos import host_processes, kill_host
 from regent.journal import open_journal
 from regent.journal.hosts import registered_hosts
@@ -128,6 +129,43 @@ def test_a_host_killed_with_all_its_procs_is_lost_and_its_points_fail(loopback_c
         assert e.slice(hosts=1).pid.call().get().values() == pids[2:]
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                        for p in [agents["a"].pid, *pids[:2]])
+
+
+def test_a_host_killed_whole_and_started_again_at_another_port_gets_its_points_back(loopback_cluster, tmp_path) -> None:
+    """A lost host that registers again as a new incarnation at another address: its points'
+    restarts go to the new agent, not to the dead one's address (found by the hosts chaos mix)."""
+    url, agents = loopback_cluster
+    with Session("loop-host-back", journal=url) as s:
+        e = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1}).spawn(
+            "e", Echo, restart=RestartPolicy(max_restarts=100, window_s=300))
+        before = e.pid.call().get(timeout=30).values()
+        kill_host(agents["a"].pid, target="host/a")
+        j = open_journal(url)
+        try:
+            deadline = time.monotonic() + 10
+            while not (lost := [r.data for r in j.read("loop-host-back") if r.kind == "sup"
+                                and r.data["ev"] == "host_lost"]):
+                assert time.monotonic() < deadline, "the killed host was not taken for lost"
+                time.sleep(0.05)
+            lost_addr = lost[0]["addr"]
+        finally:
+            j.close()
+        # Its old port taken meanwhile: the new agent serves at another address.
+        taken = socket.create_server(("127.0.0.1", int(lost_addr.rsplit(":", 1)[1])))
+        agents["a"] = subprocess.Popen(
+            [sys.executable, "-m", "regent.cli", "host", "--cluster", "loop", "--store", url, "--advertise",
+             "127.0.0.1", "--name", "a", "--ttl", str(TTL_S)],
+            stdout=open(tmp_path / "agent-a2.log", "w"), stderr=subprocess.STDOUT)
+        deadline, pid = time.monotonic() + 45, None
+        while pid is None:
+            try:
+                pid = e.slice(hosts=0).pid.call_one().get(timeout=10)
+            except (SupervisionError, TimeoutError):
+                assert time.monotonic() < deadline, "the host's point never came back on its new agent"
+                time.sleep(0.2)
+        assert pid != before[0] and psutil.Process(pid).ppid() == agents["a"].pid
+        assert e.slice(hosts=1).pid.call_one().get(timeout=10) == before[1]
+        taken.close()
 
 
 def _agent(url: str, name: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

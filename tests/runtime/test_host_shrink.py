@@ -78,7 +78,9 @@ def test_a_lost_hosts_points_leave_the_mesh_and_the_group_reforms_smaller(cluste
         assert ranks.pid.call().get(timeout=30).values() == [survivor]  # the same proc, not a new one
         for _ in range(3):  # and stays so
             assert ranks.step.call().get(timeout=60).values()[0][:2] == (1.0, 1)
-    assert 1 <= len(errors) <= 4, errors
+    # The call in flight, or the next, fails once; none does when the machine's load delays the
+    # next call until after the shrink (it then goes to the one point left).
+    assert len(errors) <= 4, errors
     events = supervision_records(url, "shrink")
     assert [e["keep"] for e in events if e["ev"] == "shrink"] == [[1]]
     assert [e["at"] for e in events if e["ev"] == "shrink_seen"], "the program's view change is journaled"
