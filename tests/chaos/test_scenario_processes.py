@@ -89,7 +89,10 @@ def test_a_sigkilled_host_agent_is_replaced_and_a_proc_killed_later_is_restarted
         assert_verdict(run, "host agent SIGKILL, then a proc SIGKILL")
         assert run.report.injected == 2, run.runner_errors
         old, new = seen["agent"], seen["agent_after"]
-        assert new["pid"] != old["pid"] and new["address"] == old["address"], (old, new)
+        # A new agent, at the old address unless something took that port while no agent held
+        # it (on a loaded machine, an outgoing connection's ephemeral port can): the controller
+        # then follows it to the new one, which the verdict above covers either way.
+        assert new["pid"] != old["pid"], (old, new)
         (proc_kill,) = [f for f in run.report.faults if f.target == "proc/1"]
         assert "proc restarted" in proc_kill.effect, run.report.text()
         assert run.cluster.winner.popen.returncode == 0, "the controller did not end the session itself"

@@ -184,14 +184,14 @@ def test_reading_results_does_not_make_the_journal_write_sooner(tmp_path):
         s.lead.append_frames = counted
         t0 = time.monotonic()
         reads = 0
-        while time.monotonic() - t0 < 10 * JOURNAL_LINGER_S:
+        # At least 10 lingers and 100 reads: a loaded machine makes fewer reads per linger.
+        while time.monotonic() - t0 < 10 * JOURNAL_LINGER_S or reads < 100:
             p0.incr.call_one().get()
             reads += 1
         elapsed = time.monotonic() - t0
         # Each linger starts when the first record after a write is queued, and a collected
         # call record is looked for at most a linger later: at most one append per linger,
-        # plus the one under way at the start. Reads outnumber them many times over.
-        assert reads > 50
+        # plus the one under way at the start.
         assert len(appends) <= elapsed / JOURNAL_LINGER_S + 2, (len(appends), reads, elapsed)
 
 

@@ -47,7 +47,9 @@ def _start(argv: list[str], home: Path, log: Path) -> subprocess.Popen:
                                 env={**os.environ, "REGENT_HOME": str(home), "PYTHONPATH": str(REPO)})
 
 
-def _wait_step(log: Path, step: int, launcher: subprocess.Popen, timeout_s: float = 90.0) -> None:
+def _wait_step(log: Path, step: int, launcher: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    # Waits on the job, not the clock: beside five other workers, the launch's own etcd and
+    # three agents took 35 s to register before the first proc started (fresh-clone run 2).
     deadline = time.monotonic() + timeout_s
     while not re.search(rf"^(\[standby h2\] )?step {step}$", log.read_text(), re.M):
         assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
