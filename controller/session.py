@@ -46,7 +46,7 @@ from regent.controller.replay import END, JournaledCall, NonDeterminismError
 from regent.controller.shapes import Shapes
 from regent.journal import LeadershipLost
 from regent.wire import Kind
-from regent.worker.errors import FencedError, SupervisionError
+from regent.worker.errors import FencedError
 from regent.worker.logsetup import configure_logging
 from regent.worker.ports import Port
 from regent.worker.program import offer_program
@@ -353,12 +353,8 @@ class Session:
         unavailable: dict[int, str] = {}
         mesh_state = self._supervisor.meshes.get(actor) if wire_kind is Kind.CALL else None
         if mesh_state is not None and mesh_state.supervisor is not None:
-            for r in ranks:
-                if jc is None or r not in jc.results or "big" in jc.results[r]:
-                    try:
-                        mesh_state.wait_ready(r)
-                    except SupervisionError as e:
-                        unavailable[r] = str(e)
+            unavailable = mesh_state.wait_all_ready(
+                r for r in ranks if jc is None or r not in jc.results or "big" in jc.results[r])
         base = {"sid": self.sid, "e": self.epoch, "s": seq, "a": actor, "m": method, "d": digest,
                 "rt": self.runtime.reply_address}
         if answer_to:

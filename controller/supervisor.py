@@ -67,15 +67,36 @@ class MeshState:
             ev.set()  # what waited on an old rank goes on (and finds the new shape)
         self.down, self.stopped, self.rebuilt_at = set(), set(), {}
 
-    def wait_ready(self, rank: int) -> None:
-        """Block a call while its actor restarts; raise if the mesh has escalated."""
+    def wait_all_ready(self, ranks: Iterable[int]) -> dict[int, str]:
+        """Block a call while its members restart, all against one deadline (the policy's
+        restart_timeout_s); the members it cannot go to, with why. A member whose restart ended
+        while the others were waited for is not left out: one restart brings a strategy's
+        members back together, and a collective sent to only some of them waits for the
+        others for ever."""
+        sup = self.supervisor
+        deadline = time.monotonic() + (sup.policy.restart_timeout_s if sup else 30.0)
+        unavailable: dict[int, SupervisionError] = {}
+        for r in ranks:
+            try:
+                self.wait_ready(r, deadline)
+            except SupervisionError as e:
+                unavailable[r] = e
+        late = [r for r, e in unavailable.items() if e.reason == "restart-timeout"]
+        if late and all(r in self.ready and self.ready[r].is_set() for r in late) and not (sup and sup.escalated):
+            for r in late:  # all back, or none: never a part of one restart's members
+                del unavailable[r]
+        return {r: str(e) for r, e in unavailable.items()}
+
+    def wait_ready(self, rank: int, deadline: float | None = None) -> None:
+        """Block a call while its actor restarts, until `deadline` (monotonic; default the
+        policy's restart_timeout_s from now); raise if the mesh has escalated."""
         sup = self.supervisor
         if sup is not None and sup.escalated:
             raise SupervisionError(sup.escalated, actor=f"{self.name}[{rank}]", reason="escalated")
         ev = self.ready.get(rank)
         if ev is not None and not ev.is_set():
             timeout = sup.policy.restart_timeout_s if sup else 30.0
-            if not ev.wait(timeout):
+            if not ev.wait(timeout if deadline is None else max(0.0, deadline - time.monotonic())):
                 raise SupervisionError(
                     f"{self.name}[{rank}] did not come back from a restart within {timeout:g} s",
                     actor=f"{self.name}[{rank}]", reason="restart-timeout")
