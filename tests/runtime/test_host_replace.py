@@ -69,7 +69,9 @@ def test_a_lost_host_is_replaced_from_a_spare_and_every_later_all_reduce_has_the
     # rank 0 now runs in a proc of the spare's agent; rank 1 never moved
     assert pids[0][2] == agents["c"].pid and pids[0][1] not in killed
     assert pids[1][2] == agents["b"].pid
-    assert 1 <= len(errors) <= 4, errors
+    # The step in flight fails once, unless it ended before the host froze (stop_then_kill
+    # first lists the host's processes, which on a loaded machine takes long enough).
+    assert len(errors) <= 4, errors
     assert all("lost" in e or "process group" in e or "unreachable" in e for e in errors), errors
     assert not any("gloo" in e and "process group" not in e for e in errors), errors
     events = supervision_records(url, "replace")
