@@ -45,7 +45,9 @@ def test_procs_sigkilled_during_calls_are_restarted_and_calls_run_at_most_once(t
     # here. Each square call takes 10 ms (REGENT_CHAOS_DELAY_S), far longer than the runner
     # takes from seeing the call to its SIGKILL.
     kills = 5
-    sched = Schedule(tuple(Fault("kill", f"proc/{i % 3}", at_s=0.3 + 0.35 * i, attributes={"in_flight_s": 10.0})
+    # Up to 30 s for the target to run a call: beside five other workers, a restarted proc
+    # once took longer than 10 s to come back and take one (fresh-clone run 3).
+    sched = Schedule(tuple(Fault("kill", f"proc/{i % 3}", at_s=0.3 + 0.35 * i, attributes={"in_flight_s": 30.0})
                            for i in range(kills)))
     # A kill due while its proc is still being restarted waits for the new one (up to 25 s: a
     # restart whose new proc was killed under it waits out restart_timeout_s, 20 s).
