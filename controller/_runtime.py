@@ -25,6 +25,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from regent import wire
+from regent.controller._groupblame import HeldGroupFailures
 from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
 from regent.controller.futures import Future
@@ -53,8 +54,6 @@ WATERMARK_INTERVAL_S = 0.2
 # joins the execution in flight or gets the cached result); the wait then doubles.
 RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
-# How long a survivor's failed collective waits to learn which member of its group died.
-GROUP_BLAME_WAIT_S = 15.0
 HOST_HELLO_INTERVAL_S = 1.0
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
@@ -104,7 +103,7 @@ class Runtime:
         self.moved_hosts: dict[str, str] = {}  # a journaled agent address -> where its successor serves
         self.lost_hosts: dict[str, str] = {}  # cluster hosts whose registration vanished -> why
         self.groups: dict[str, list[ProcRef]] = {}  # process groups (their system mesh) -> members by rank
-        self._held: list[tuple[float, dict, list]] = []  # group failures waiting to learn which member died
+        self._held = HeldGroupFailures(self.groups, self._proc_of_result)
         self.quiet: Callable[[], bool] = lambda: False  # replaying: procs' output is not printed again
         self._requests: dict[int, Future] = {}
         self._asked_procs: dict[int, ProcRef] = {}  # ask_proc's requests in flight, by "n"
@@ -477,10 +476,8 @@ class Runtime:
         if not isinstance(seq, int) or not isinstance(point, int) or not isinstance(status, str):
             log.warning("dropped result with bad fields", meta=str(meta)[:200])
             return
-        if status == GROUP_FAILED and lsn is None and not self._blame(meta, final=held):
-            # A survivor's collective failed before this controller saw which member died (a
-            # lost host takes up to its TTL to see): held until it does, then named in the error.
-            self._held.append((time.monotonic() + GROUP_BLAME_WAIT_S, meta, payload))
+        if status == GROUP_FAILED and lsn is None and not self._held.blame(meta, final=held):
+            self._held.hold(meta, payload)  # until the member that died is known (controller/_groupblame.py)
             return
         if status == "fenced":
             self.fenced = meta.get("em") or "a worker saw a newer controller epoch"
@@ -489,33 +486,14 @@ class Runtime:
         if call is not None:
             self._deliver(call, point, call.results[point])
 
-    def _blame(self, meta: dict, final: bool) -> bool:
-        """Name, in a group failure's error, the member of the group that died (True); False
-        while none is known dead, unless `final` (the wait is over: say that none was seen)."""
+    def _proc_of_result(self, meta: dict) -> ProcRef | None:
         call = self.core.calls.get(meta["s"])
-        proc = call.wire.procs[meta["pt"]] if call is not None and call.wire is not None else None
-        members = next((g for g in self.groups.values() if proc is not None and proc in g), None)
-        dead = [p for p in members or () if not p.alive and p is not proc]
-        if dead:
-            meta["em"] = (f"a member of its process group died ({dead[0].death}); the collective failed with: "
-                          f"{str(meta.get('em'))[:1000]}")
-        elif final or members is None:
-            meta["em"] = (f"a collective failed, as when a member of its process group dies, but no member was "
-                          f"seen to die within {GROUP_BLAME_WAIT_S:g} s: {str(meta.get('em'))[:1000]}")
-        else:
-            return False
-        return True
+        return call.wire.procs[meta["pt"]] if call is not None and call.wire is not None else None
 
     def _release_held(self, expired_only: bool) -> None:
         """Deliver held group failures whose dead member is now known (or whose wait is over)."""
-        if not self._held:
-            return
-        now, held, self._held = time.monotonic(), self._held, []
-        for until, meta, payload in held:
-            if now >= until or (not expired_only and self._blame(dict(meta), final=False)):
-                self._on_result(meta, payload, held=True)
-            else:
-                self._held.append((until, meta, payload))
+        for meta, payload in self._held.due(expired_only):
+            self._on_result(meta, payload, held=True)
 
     def _deliver(self, call: PendingCall, point: int, outcome: Outcome) -> None:
         """Journal first (the session decides how durably), then let the program see it.
