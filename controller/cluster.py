@@ -93,10 +93,8 @@ class ClusterHosts:
         TimeoutError after `timeout_s`, saying `why` they were wanted."""
         deadline = time.monotonic() + timeout_s
         while True:
-            with self._lock:
-                used = {w.id for w in self.watched.values() if w.cluster == cluster}
             hosts = self.registered(cluster)
-            free = [h for h in hosts if h.id not in used]
+            free = self._free(cluster, hosts)
             if len(free) >= n:
                 return [_entry(h) for h in free[:n]]
             if time.monotonic() >= deadline:
@@ -105,6 +103,15 @@ class ClusterHosts:
                     f"registered, {len(hosts) - len(free)} in use by this session) after {timeout_s:g} s; start "
                     f"one with `regent host --cluster {cluster} --store {self.backend.url} --advertise <the node's IP>`")
             time.sleep(PICK_POLL_S)
+
+    def spares(self, cluster: str, n: int) -> list[dict]:
+        """The hosts unused() would pick now, at most `n`, without waiting for more."""
+        return [_entry(h) for h in self._free(cluster, self.registered(cluster))[:n]]
+
+    def _free(self, cluster: str, hosts: list[HostRecord]) -> list[HostRecord]:
+        with self._lock:
+            used = {w.id for w in self.watched.values() if w.cluster == cluster}
+        return [h for h in hosts if h.id not in used]
 
     def attach(self, cluster: str, entries: list[dict], replaying: bool) -> list[str]:
         """Say hello to the picked hosts and watch them; their addresses. A journaled host that

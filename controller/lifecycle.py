@@ -20,7 +20,7 @@ from regent.controller.supervisor import MeshState, policy_of
 from regent.journal.hosts import check_name, literal_address
 from regent.wire import Kind
 from regent.wire.security import is_loopback
-from regent.worker.classref import class_ref
+from regent.worker.classref import class_ref, modules_of
 from regent.worker.errors import SupervisionError
 from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor
@@ -180,7 +180,8 @@ class Lifecycle:
             escalation = _journaled_escalation(replay.supervision, name, spawn.seq)
             if escalation is not None:
                 mesh_sup.escalated = escalation["report"]
-        state = MeshState(name, procs, dims, frames, mesh_sup, coords=metas, spawn_seq=spawn.seq, shape=shape)
+        state = MeshState(name, procs, dims, frames, mesh_sup, coords=metas, spawn_seq=spawn.seq, shape=shape,
+                          preload=tuple(modules_of(cls)))
         if shape is not None and len(shape.sup_procs) != len(procs):  # replayed: previous leaders shrank it
             state.reshape(shape.sup_procs, shape.sup_dims)
         s._supervisor.register(state)

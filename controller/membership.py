@@ -62,6 +62,7 @@ class Membership:
         self._journaled = _journaled_replacements(journaled)
         self._reformed = _journaled_reforms(journaled)
         self._lock = threading.Lock()
+        self.on_formed: Callable[[], None] = lambda: None  # a group was formed (warm spares import torch)
 
     # --- spares ----------------------------------------------------------------------------
 
@@ -107,6 +108,7 @@ class Membership:
             procs = [p for p in procs if p.id in ids or p.key in ids] or procs
         self.groups[name] = GroupState(name, list(procs), backend, timeout_s, ids, generation)
         self.runtime.groups[name] = self.groups[name].procs
+        self.on_formed()
 
     def leave(self, gone: list[ProcRef]) -> None:
         """These procs left their meshes (a shrink): their groups lose them, to re-form smaller."""

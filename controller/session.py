@@ -17,6 +17,7 @@ import random as _random
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import structlog
@@ -46,7 +47,7 @@ from regent.controller.replay import END, JournaledCall, NonDeterminismError
 from regent.controller.shapes import Shapes
 from regent.journal import LeadershipLost
 from regent.wire import Kind
-from regent.worker.errors import FencedError
+from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.logsetup import configure_logging
 from regent.worker.ports import Port
 from regent.worker.program import offer_program
@@ -190,15 +191,30 @@ class Session:
                 self._settle(timeout=10.0)
                 self.writer.submit(END, {"error": repr(error)[:2000] if error else None})
                 self.writer.flush(timeout=30)
-                for host in self._lifecycle.hosts:
-                    try:
-                        self.runtime.host_request(host, "stop_session", timeout=15.0)
-                    except (TimeoutError, FencedError) as e:
-                        log.warning("could not stop the session on a host", host=host, error=str(e))
+                self._stop_on_hosts()
         except LeadershipLost:
             deposed = True
         finally:
             self._edge.close(deposed=deposed)
+
+    def _stop_on_hosts(self) -> None:
+        """The session ended: every host agent it used (this machine's, its clusters' hosts and
+        spares it kept warm) stops its procs now, all asked at once, rather than at their
+        orphan timeout. A lost host's agent is not asked."""
+        runtime = self.runtime
+        warmer = self._supervisor.warmer
+        hosts = dict.fromkeys([*self._lifecycle.hosts, *runtime.hosts, *(warmer.hosts() if warmer else ())])
+        hosts = [h for h in hosts if runtime.moved_hosts.get(h, h) not in runtime.lost_hosts]
+
+        def stop(host: str) -> None:
+            try:
+                runtime.host_request(host, "stop_session", timeout=15.0)
+            except (TimeoutError, FencedError, SupervisionError) as e:
+                log.warning("could not stop the session on a host", host=host, error=str(e))
+
+        if hosts:
+            with ThreadPoolExecutor(max_workers=min(16, len(hosts)), thread_name_prefix="regent-stop") as pool:
+                list(pool.map(stop, hosts))
 
     def _settle(self, timeout: float) -> None:
         """Let calls still in flight (broadcasts the program never waited for) finish

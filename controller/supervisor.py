@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from regent.controller._warm import SpareWarmer
 from regent.controller.membership import Membership
 from regent.controller.shapes import Shape, Shapes
 from regent.wire import Kind
@@ -50,6 +51,7 @@ class MeshState:
     stopped: set[int] = field(default_factory=set)  # members the program stopped: never restarted
     rebuilt_at: dict[int, float] = field(default_factory=dict)  # rank -> when its last restart finished
     shape: Shape | None = None  # the proc mesh it was spawned on whole, which a shrink reshapes
+    preload: tuple[str, ...] = ()  # modules its actor class needs (what warm spares import)
 
     def reshape(self, procs: list[ProcRef], dims: dict[str, int]) -> None:
         """Its members are now `procs` (a shrink): ranks renumbered densely, each member's
@@ -112,6 +114,8 @@ class Supervisor:
         self.record = record  # (data) -> lsn: journals a supervision event
         self._durable = durable or (lambda lsn: None)
         self.membership = Membership(runtime, self._decided, clusters or _no_clusters, journaled or [])
+        self.warmer = SpareWarmer(runtime, self, clusters) if clusters is not None else None
+        self.membership.on_formed = self._warm
         self.shapes: Shapes = Shapes(None)  # the session's (Session sets it)
         self.sid = sid
         self.path = path
@@ -127,6 +131,8 @@ class Supervisor:
 
     def register(self, state: MeshState) -> None:
         self.meshes[state.name] = state
+        if state.supervisor is not None and state.supervisor.policy.on_host_lost == "replace":
+            self._warm()
         for rank in range(len(state.procs)):
             state.ready[rank] = threading.Event()
             state.ready[rank].set()
@@ -421,7 +427,8 @@ class Supervisor:
         and the policy says "replace", from the spare that replaces the host (same index)."""
         runtime = self.runtime
         host = proc.host
-        if runtime.moved_hosts.get(host, host) in runtime.lost_hosts and policy.on_host_lost == "replace":
+        to_spare = runtime.moved_hosts.get(host, host) in runtime.lost_hosts and policy.on_host_lost == "replace"
+        if to_spare:
             host = self.membership.spare_for(host, policy.replace_timeout_s)
         reply = runtime.host_request(host, "respawn_proc", old=proc.id, idx=proc.index, env=proc.env, path=self.path)
         if reply.get("st") != "ok":
@@ -434,6 +441,8 @@ class Supervisor:
         proc.alive, proc.death = True, ""
         runtime.procs[proc.id] = proc
         self._event("proc_replaced", old=old_id, new=proc.id, pid=proc.pid, host=host)
+        if to_spare:
+            self._warm()  # the spare is in use now: warm the next one
 
     def _spawn_all(self, state: MeshState, ranks: list[int], incarnations: list[int]) -> None:
         """Rebuild these members from the mesh's spawn arguments, every proc asked at once (each
@@ -455,7 +464,13 @@ class Supervisor:
                 raise SupervisionError(f"{state.name}[{rank}].__init__ raised {reply.get('et')}: {reply.get('em')} "
                                        f"(incarnation {incarnation})")
 
+    def _warm(self) -> None:
+        if self.warmer is not None:
+            self.warmer.poke()
+
     def close(self) -> None:
+        if self.warmer is not None:
+            self.warmer.close()
         self._stop.set()
         self._queue.put(None)
         self._thread.join(timeout=5)

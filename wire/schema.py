@@ -50,11 +50,14 @@ Seconds = Annotated[float, Meta(ge=0)]
 Env = Annotated[dict[Annotated[str, Meta(max_length=1024)], Annotated[str, Meta(max_length=65536)]],
                 Meta(max_length=1024)]
 Paths = Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=4096)]
+# A dotted Python module name (what a warm proc imports before it is needed).
+ModuleName = Annotated[str, Meta(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
 
 # What a worker says became of a call; what a host agent says became of a request.
 ResultStatus = Literal["ok", "err", "exit", "dead", "noactor", "divergence", "fenced", "grp"]
-HostStatus = Literal["ok", "err", "fenced", "stopped", "divergence"]
-HostOp = Literal["hello", "spawn_procs", "respawn_proc", "stop_session", "stop_procs", "list", "free_port"]
+HostStatus = Literal["ok", "err", "fenced", "stopped", "divergence", "assigned"]
+HostOp = Literal["hello", "spawn_procs", "respawn_proc", "stop_session", "stop_procs", "list", "free_port",
+                 "warm_procs"]
 
 
 # --- controller -> proc ---------------------------------------------------------------
@@ -174,6 +177,8 @@ class HostReply(TypedDict):
     complete: NotRequired[bool]  # `procs` lists every live proc of the session on that host
     procs: NotRequired[Annotated[list[ProcListing], Meta(max_length=65536)]]
     port: NotRequired[Annotated[int, Meta(ge=1, le=65535)]]  # free_port: a TCP port free on the host
+    old: NotRequired[Name]  # assigned (-> a warm proc): the proc it now replaces
+    warm: NotRequired[Count]  # warm_procs: the warm procs the session has on the host now
 
 
 class HostEvent(TypedDict):
@@ -187,6 +192,13 @@ class HostEvent(TypedDict):
 
 
 # --- controller -> host agent -----------------------------------------------------------
+
+class WarmProc(TypedDict):
+    """A proc a spare host keeps started for a session: at `idx`, with `env` (as respawn_proc)."""
+
+    idx: Index
+    env: Env
+
 
 class HostRequest(TypedDict):
     """HOST_REQ: operation `op` for session `sid`; the fields after `orphan_s` belong to one op."""
@@ -207,6 +219,8 @@ class HostRequest(TypedDict):
     idx: NotRequired[Index]
     env: NotRequired[Env]
     ids: NotRequired[Annotated[list[Name], Meta(max_length=65536)]]  # stop_procs
+    warm: NotRequired[Annotated[list[WarmProc], Meta(max_length=64)]]  # warm_procs: the procs wanted
+    preload: NotRequired[Annotated[list[ModuleName], Meta(max_length=32)]]  # warm_procs: imported first
 
 
 # --- proc -> host agent -----------------------------------------------------------------
@@ -216,6 +230,7 @@ class ProcReady(TypedDict):
     id: Name
     pid: Pid
     addr: Address
+    old: NotRequired[Name]  # a warm proc acknowledging that it now replaces proc `old`
 
 
 class ProcAdopt(TypedDict):
@@ -236,6 +251,7 @@ class ProcAdopt(TypedDict):
     old: NotRequired[Name]
     d: NotRequired[Digest]  # the starting spawn_procs request's digest
     e: NotRequired[Epoch]  # the highest epoch of its session the proc has seen
+    warm: NotRequired[bool]  # started warm (replacing `old` once assigned, else nothing yet)
 
 
 MAX_LOG_LINES = 256

@@ -68,6 +68,11 @@ class _Adoption:
             os.close(pidfd)
             raise ProtocolError(f"adoption request for pid {pid}, which is not proc {proc_id} of {sid}")
         proc = _Proc(proc_id, index, pid, pidfd, addr=addr)
+        if self._warm_unassigned(meta):  # a cache this agent did not fill: the next warm_procs refills it
+            log.info("stopping a warm proc that no respawn took", session=sid, proc=proc_id, pid=pid)
+            self._send(addr, wire.encode(Kind.HOST_REP, self._adopted_meta(sid, n, "stopped")))
+            self._terminate([proc])
+            return
         if sid in self.stopped or (state is not None and proc_id in state.stopped_ids):
             log.info("stopping a proc whose session was stopped while it had no host agent",
                      session=sid, proc=proc_id, pid=pid)

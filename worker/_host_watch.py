@@ -106,6 +106,19 @@ class _HostWatch:
                      proc=self.proc_id)
         return wire.require(reply, "pid", int)
 
+    def _on_assigned(self, meta: dict) -> None:
+        """This warm proc now replaces proc `old` (its agent says so): it remembers that, for a
+        successor agent, and acknowledges with PROC_READY naming `old`. Said twice, the same."""
+        old = meta.get("old")
+        if not self.origin.get("warm") or not isinstance(old, str) or not old or meta.get("sid") != self.session \
+                or self.origin.get("old", old) != old:
+            log.warning("ignored an assignment this proc cannot take", proc=self.proc_id, old=str(old)[:80],
+                        had=str(self.origin.get("old"))[:80])
+            return
+        self.origin["old"] = old
+        self._send(self.host_inbox, wire.encode(Kind.PROC_READY, {
+            "sid": self.session, "id": self.proc_id, "pid": os.getpid(), "addr": self.inbox.address, "old": old}))
+
     def _on_host_reply(self, meta: dict) -> None:
         n = meta.get("n")
         ack = self._acks.get(n) if isinstance(n, int) else None

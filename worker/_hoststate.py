@@ -25,6 +25,7 @@ class _Proc:
     addr: str | None = None
     exited: bool = False
     exit_status: int | None = None  # stays None for an adopted proc: its status goes to init
+    replaces: str | None = None  # a warm proc assigned to replace this proc (worker/_warm.py)
 
     @property
     def adopted(self) -> bool:
@@ -106,6 +107,7 @@ class _SessionState:
     undelivered: list[dict] = field(default_factory=list)  # deaths seen before any controller said hello
     stopped_ids: set[str] = field(default_factory=set)
     exited_ids: set[str] = field(default_factory=set)  # procs this agent saw die
+    warm: dict[tuple, _Proc] = field(default_factory=dict)  # started ahead of need (worker/_warm.py)
     last_contact: float = field(default_factory=time.monotonic)
     orphan_timeout_s: float = field(default_factory=lambda: float(os.environ.get("REGENT_ORPHAN_TIMEOUT_S", "300")))
 

@@ -11,6 +11,7 @@ import importlib
 import pickle
 import sys
 import threading
+import types
 from typing import Any
 
 import cloudpickle
@@ -40,6 +41,22 @@ def class_ref(cls: type) -> dict:
             except ValueError:
                 pass
     return ref
+
+
+def modules_of(cls: type) -> list[str]:
+    """The modules a proc imports to load `cls`: its own, when importable by name, and those its
+    methods use as globals (what unpickling a by-value copy imports). What a warm proc preloads."""
+    names = [] if cls.__module__ == "__main__" else [cls.__module__]
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins":
+            continue
+        for value in vars(klass).values():
+            fn = getattr(value, "__func__", value)
+            code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+            if code is None or not isinstance(scope, dict):
+                continue
+            names += [m.__name__ for n in code.co_names if isinstance(m := scope.get(n), types.ModuleType)]
+    return [n for n in dict.fromkeys(names) if n != "__main__"]
 
 
 def load_class(ref: dict) -> type:

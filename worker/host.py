@@ -42,6 +42,7 @@ from regent.worker._hoststate import (
     _spawn_origin,
     _SpawnRequest,
 )
+from regent.worker._warm import _WarmPool
 from regent.worker.fencing import EpochFence, FenceStore
 
 log = structlog.get_logger("regent.host")
@@ -51,7 +52,7 @@ STOP_GRACE_S = 3.0
 STOPPED_SESSIONS_KEPT = 4096
 
 
-class HostAgent(_Adoption):
+class HostAgent(_Adoption, _WarmPool):
     """One machine's host agent. `succeeds` is the host.json record of a dead agent whose
     address (if still free) and procs this one takes over. `fences`: where each session's
     epoch fence is kept (default $REGENT_HOME/fences), so a successor starts from it."""
@@ -202,6 +203,8 @@ class HostAgent(_Adoption):
             self._reply(rt, sid, n, procs=self._proc_list(state))
         elif op == "free_port":  # a process group's new rendezvous, served by a proc of this host
             self._reply(rt, sid, n, port=free_port(self.advertise))
+        elif op == "warm_procs":  # a spare keeps procs started for a lost host's (worker/_warm.py)
+            self._on_warm(sid, state, meta, rt)
         else:
             raise ProtocolError(f"unknown host op {op!r}")
 
@@ -332,6 +335,8 @@ class HostAgent(_Adoption):
         proc = state.procs.get(proc_id) if state else None
         if proc is None or not valid_address(addr):
             raise ProtocolError(f"ready from unknown proc {proc_id!r}")
+        if not self._warm_ready(proc, meta):
+            return
         proc.addr = addr
         for req in state.requests():
             if req.answered is None and req.complete():
@@ -365,7 +370,9 @@ class HostAgent(_Adoption):
         env = meta.get("env") or {}
         if not isinstance(env, dict):
             raise ProtocolError("respawn_proc env is not a map")
-        proc = self._start_proc(sid, state, index, _env_at([env], 0), meta.get("path") or [], ["--replaces", old])
+        env = _env_at([env], 0)
+        proc = self._take_warm(sid, state, index, env, old) or self._start_proc(
+            sid, state, index, env, meta.get("path") or [], ["--replaces", old])
         state.respawns[old] = _SpawnRequest(sid, -1, identity, [proc], [(rt, n)], time.monotonic(), 1, index)
 
     def _stop_orphans(self) -> None:
@@ -424,6 +431,7 @@ class HostAgent(_Adoption):
             state.undelivered.append(event)
         state.procs.pop(proc.id, None)
         state.exited_ids.add(proc.id)
+        self._forget_warm(state, proc)
 
     def _stop_procs(self, state: _SessionState, ids: list[str]) -> None:
         """Stop some of a session's procs (SIGTERM, then SIGKILL after the grace period)."""

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import collections
 import enum
+import importlib
 import inspect
 import itertools
 import os
@@ -337,7 +338,9 @@ class ProcRuntime(_HostWatch):
 
     def _dispatch(self, kind: Kind, meta: dict, payload: list, head: Any) -> None:
         if kind is Kind.HOST_REP:
-            if not self.client.on_host_reply(meta):
+            if meta.get("st") == "assigned":  # a warm proc taken to replace another (worker/_warm.py)
+                self._on_assigned(meta)
+            elif not self.client.on_host_reply(meta):
                 self._on_host_reply(meta)
             return
         if kind is Kind.RESULT:  # the answer to a call one of our actors made
@@ -947,11 +950,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spawn-origin", default=None, help="the rest of its call id, for a spawn an actor made")
     p.add_argument("--replaces", default=None, help="id of the proc this one was started to replace")
     p.add_argument("--epoch", type=int, default=0, help="the highest epoch its session had seen at the agent")
+    p.add_argument("--warm", action="store_true", help="started ahead of need on a spare, for a proc not yet lost")
+    p.add_argument("--preload", action="append", default=[], help="a module to import before saying it is ready")
     a = p.parse_args(argv)
     from regent.worker.logsetup import configure_logging
 
     configure_logging()
-    origin: dict[str, Any] = {}
+    preload(a.preload)
+    origin: dict[str, Any] = {"warm": True} if a.warm else {}
     if a.orphan_s is not None:
         origin["orphan_s"] = a.orphan_s
     if a.replaces is not None:
@@ -965,6 +971,19 @@ def main(argv: list[str] | None = None) -> None:
     ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch,
                 advertise=a.advertise).run()
     sys.exit(0)
+
+
+def preload(modules: list[str]) -> None:
+    """Import what a warm proc's actors will need. A module that fails to import is logged and
+    skipped: the proc still serves, and the actor's own import reports the error then."""
+    for name in modules:
+        started = time.monotonic()
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            log.warning("a warm proc could not preload a module", module=name, error=f"{type(e).__name__}: {e}")
+        else:
+            log.debug("preloaded", module=name, s=round(time.monotonic() - started, 2))
 
 
 if __name__ == "__main__":

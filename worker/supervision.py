@@ -45,7 +45,10 @@ class RestartPolicy:
     like any other, and their restarts, which need the lost host, fail until the budget
     escalates. "replace": the lost host's procs start again on a spare host of the cluster
     (one the session does not use), at the same points, waiting up to `replace_timeout_s`
-    for one to register. "shrink": the lost host's points leave the mesh.
+    for one to register. "shrink": the lost host's points leave the mesh. With "replace", the
+    first `warm_spares` spares of the cluster keep procs started ahead of need, with the actors'
+    modules (and torch.distributed, for a process group) imported, so a replacement does not
+    wait for a new Python process to start (0: spares start procs when a host is lost).
     """
 
     restart: RestartType = "permanent"
@@ -59,6 +62,7 @@ class RestartPolicy:
     restart_timeout_s: float = 30.0
     on_host_lost: HostLost = "escalate"
     replace_timeout_s: float = 60.0
+    warm_spares: int = 1
 
     def __post_init__(self) -> None:
         if self.restart not in ("permanent", "transient", "temporary"):
@@ -69,6 +73,8 @@ class RestartPolicy:
             raise ValueError(f"on_host_lost={self.on_host_lost!r}: use 'escalate', 'replace' or 'shrink'")
         if not self.replace_timeout_s >= 0:
             raise ValueError(f"replace_timeout_s={self.replace_timeout_s!r} must be >= 0 seconds")
+        if not isinstance(self.warm_spares, int) or isinstance(self.warm_spares, bool) or self.warm_spares < 0:
+            raise ValueError(f"warm_spares={self.warm_spares!r}: give a count of spares, 0 or more")
         if self.max_restarts < 0 or self.window_s <= 0:
             raise ValueError("max_restarts must be >= 0 and window_s > 0")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from regent import Actor, RestartPolicy, Session, SupervisionError, context, endpoint
-from regent.chaos import kill_host
+from regent.chaos import host_processes, kill_host
 from tests.support.loopback import loopback_agents, stop_then_kill, supervision_records
 
 TTL_S = 1.0
@@ -78,6 +78,46 @@ def test_a_lost_host_is_replaced_from_a_spare_and_every_later_all_reduce_has_the
     replaced = [e for e in events if e["ev"] == "host_replaced"]
     assert [(e["host"], e["new"]["id"]) for e in replaced] == [("a", "c")]
     assert any(e["ev"] == "group_reformed" for e in events)
+
+
+def _warm_with_torch(agent: subprocess.Popen) -> int | None:
+    """The pid of a warm proc of `agent` that has torch loaded, if there is one."""
+    for pid in host_processes(agent.pid):
+        try:
+            warm = b"--warm" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if warm and "libtorch" in Path(f"/proc/{pid}/maps").read_text():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_a_spare_keeps_a_warm_proc_with_torch_loaded_which_becomes_the_lost_hosts_proc(cluster) -> None:
+    url, agents = cluster("a", "b", "c")
+    policy = RestartPolicy(strategy="one_for_all", on_host_lost="replace", max_restarts=10, window_s=60)
+    with Session("warm", journal=url) as s:
+        procs = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 1})
+        procs.init_process_group(backend="gloo")
+        trainers = procs.spawn("t", Trainer, restart=policy)
+        deadline = time.monotonic() + 90
+        while (warm := _warm_with_torch(agents["c"])) is None:
+            assert time.monotonic() < deadline, "spare c kept no warm proc with torch loaded"
+            time.sleep(0.2)
+        trainers.step.call(0).get(timeout=60)
+        stop_then_kill(agents["a"])
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                pids = trainers.step.call(1).get(timeout=60).values()
+                break
+            except SupervisionError:
+                assert time.monotonic() < deadline, "training did not go on after the host was lost"
+    assert pids[0][1] == warm and pids[0][2] == agents["c"].pid
+    # The session ended: its procs on every host it used, spare included, are stopped now.
+    deadline = time.monotonic() + 15
+    while left := host_processes(agents["b"].pid) + host_processes(agents["c"].pid):
+        assert time.monotonic() < deadline, f"procs left running after the session ended: {left}"
+        time.sleep(0.1)
 
 
 def test_a_collective_that_fails_for_a_dead_member_names_it_rather_than_gloos_error(cluster) -> None:

@@ -13,9 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-import pytest
-
 from regent import wire
 from regent.controller import Session, SupervisionError
 from regent.wire import Kind
@@ -26,9 +23,12 @@ from regent.worker.fencing import FenceStore
 from regent.worker.procinfo import running
 from regent.worker.supervision import RestartPolicy
 from tests.runtime.rawpeer import RawPeer
+from tests.support.agenthome import agent_record as _agent
+from tests.support.agenthome import ask as _ask
+from tests.support.agenthome import successor as _successor
+from tests.support.agenthome import wait_for as _wait
 
 ORPHAN_PROGRAM = Path(__file__).resolve().parent.parent / "supervision" / "orphan_program.py"
-STOP_WAIT_S = 6.0  # an agent stopping takes up to its 3 s grace per batch of procs
 
 
 class Counter(Actor):
@@ -39,60 +39,6 @@ class Counter(Actor):
     def incr(self) -> tuple[int, int, int]:
         self.n += 1
         return os.getpid(), context().incarnation, self.n
-
-
-def _agent(home: Path) -> dict:
-    return json.loads((home / "host.json").read_text())
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (got := pred()):
-        assert time.monotonic() < deadline, f"{what} within {timeout:g} s"
-        time.sleep(0.05)
-    return got
-
-
-def _successor(home: Path, dead: dict, timeout: float = 10.0) -> dict:
-    """The agent that replaced `dead`, once it runs."""
-    def new() -> dict | None:
-        try:
-            info = _agent(home)
-        except (OSError, ValueError):
-            return None
-        return info if info["pid"] != dead["pid"] and running(info["pid"]) else None
-
-    return _wait(new, timeout, "a new host agent started")
-
-
-def _workers_of(home: Path) -> list[int]:
-    """Host agents and procs running with this REGENT_HOME."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "environ"], ad_value=None):
-        argv, env = p.info["cmdline"] or [], p.info["environ"] or {}
-        if {"regent.worker.host", "regent.worker.proc"} & set(argv) and env.get("REGENT_HOME") == str(home) \
-                and running(p.pid):
-            found.append(p.pid)
-    return found
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    """A REGENT_HOME of this test's own. At the end its agent is stopped (and with it its
-    procs); anything a failed test left running there is killed."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("REGENT_HOME", str(home))
-    monkeypatch.setenv("REGENT_HOST_IDLE_EXIT_S", "20")
-    yield home
-    try:
-        os.kill(_agent(home)["pid"], signal.SIGTERM)
-    except (OSError, ValueError, KeyError):
-        pass
-    deadline = time.monotonic() + STOP_WAIT_S
-    while (left := _workers_of(home)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
 
 
 def _retry(mesh, rank: int, timeout: float = 20.0):
@@ -170,21 +116,6 @@ def test_a_proc_that_dies_while_no_host_agent_runs_is_reported_by_the_new_one_an
         assert mesh.slice(procs=1).incr.call_one().get(timeout=10) == (pids[1], 0, 2)
         everyone = [*pids, pid]
     assert [p for p in everyone if running(p)] == []
-
-
-def _ask(peer: RawPeer, host: str, sid: str, op: str, timeout: float = 20.0, epoch: int = 1,
-         expect: str | None = "ok", **fields) -> dict:
-    """A host request as a controller of `epoch` makes it; the reply, whose status must be
-    `expect` (None: any)."""
-    n = int(time.monotonic() * 1e6)
-    peer.send(host, wire.encode(Kind.HOST_REQ, {"sid": sid, "e": epoch, "op": op, "n": n, "rt": peer.address,
-                                                 **fields}))
-    deadline = time.monotonic() + timeout
-    while True:
-        kind, reply, _ = peer.recv(max(0.0, deadline - time.monotonic()))
-        if kind is Kind.HOST_REP and reply.get("n") == n:
-            assert expect is None or reply["st"] == expect, reply
-            return reply
 
 
 def test_a_replayed_spawn_gets_the_procs_the_dead_agent_started(home):
