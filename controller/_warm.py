@@ -60,8 +60,10 @@ class SpareWarmer:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        # The refresh also keeps the spare's orphan clock: a third of the timeout at most.
+        every = min(REFRESH_S, (self.runtime.orphan_timeout_s or REFRESH_S * 3) / 3)
         while not self._stop.is_set():
-            if self._wake.wait(REFRESH_S):
+            if self._wake.wait(every):
                 self._wake.clear()
                 if self._stop.wait(SETTLE_S):
                     return
