@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check regent controller worker wire hipcore journal chaos cli tests bench examples
-.venv/bin/lint-imports
+.tools/lint-venv/bin/lint-imports
