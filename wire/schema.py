@@ -53,6 +53,12 @@ Paths = Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=4
 # A dotted Python module name (what a warm proc imports before it is needed).
 ModuleName = Annotated[str, Meta(max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
 
+
+def valid_address(addr: object) -> bool:
+    """Whether `addr` is an address regent's sockets can connect to (ADDRESS)."""
+    return isinstance(addr, str) and len(addr) < 256 and ADDRESS.fullmatch(addr) is not None
+
+
 # What a worker says became of a call; what a host agent says became of a request.
 ResultStatus = Literal["ok", "err", "exit", "dead", "noactor", "divergence", "fenced", "grp"]
 HostStatus = Literal["ok", "err", "fenced", "stopped", "divergence", "assigned"]

@@ -16,8 +16,9 @@ from typing import Any
 import structlog
 import zmq
 
-from regent.wire import protocol, schema
+from regent.wire import protocol
 from regent.wire.errors import MessageTooLarge, ProtocolError
+from regent.wire.schema import valid_address  # noqa: F401  (where the rest of regent finds it)
 from regent.wire.security import Credentials, secure_client, secure_server
 
 log = structlog.get_logger("regent.transport")
@@ -132,11 +133,6 @@ def refuse_oversized(frames: list, limit: int, to: str) -> None:
     size = message_size(frames)
     if size > limit:
         raise too_large(f"a {_kind_name(frames)} message to {to}", size, limit)
-
-
-def valid_address(addr: object) -> bool:
-    """Whether `addr` is an address regent's sockets can connect to (wire.schema.ADDRESS)."""
-    return isinstance(addr, str) and len(addr) < 256 and schema.ADDRESS.fullmatch(addr) is not None
 
 
 class Inbox:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import enum
 import importlib
 import inspect
 import itertools
@@ -28,7 +27,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -36,7 +34,7 @@ import structlog
 import zmq
 
 from regent import wire
-from regent.wire import Kind, MessageTooLarge, ProtocolError, schema
+from regent.wire import Kind, ProtocolError, schema
 from regent.wire.security import load_credentials, stop_authenticator
 from regent.wire.transport import (
     RECEIVER_MAX_PEERS,
@@ -45,89 +43,42 @@ from regent.wire.transport import (
     max_message_bytes,
     peer_of,
     readable,
-    refuse_oversized,
     spin_budget_s,
     spin_until_readable,
-    valid_address,
 )
 from regent.worker._host_watch import _environment_of, _HostWatch
+from regent.worker._proc_answers import _Answers
+from regent.worker._proc_out import _Outbound
+from regent.worker._proc_owners import SUPERVISE_ACTOR, _Owners
+from regent.worker._slot import _arguments, _cleanup_args, _how, _Run, _Slot
 from regent.worker.actor import (
     ActorContext,
     CallSite,
     _calling,
     _current,
     endpoint_names,
-    is_async_endpoint,
-    is_concurrent_endpoint,
-    takes_response_port,
 )
 from regent.worker.classref import load_class
-from regent.worker.client import ActorClient, Target
-from regent.worker.dedupe import CallIdentity, DedupeCache
+from regent.worker.client import ActorClient
 from regent.worker.errors import (
-    GROUP_FAILED,
     ActorExit,
-    DivergenceError,
     error_fields,
-    group_failure,
 )
-from regent.worker.fencing import EpochFence
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.output import OutputForwarder, forwarding_enabled
-from regent.worker.ports import PORT_ACTOR, Port, ProcPorts
-from regent.worker.remote import OwnedProcs, install_client
+from regent.worker.ports import PORT_ACTOR, ProcPorts
+from regent.worker.proccore import Deliver, ProcCore, Reply
+from regent.worker.remote import install_client
 from regent.worker.shape import Point
-from regent.worker.supervision import MeshFailure
 
 log = structlog.get_logger("regent.proc")
-_NO_FRAMES: tuple = ()
-SUPERVISE_ACTOR = "__supervise__"  # a child's failure, sent to its owner's proc (m: the owner)
 
 READ_SLICE_S = 0.005  # the longest the reader spins for more calls before the loop runs again
 CLOSE_S = 2.0  # what a stopping proc gives its actors' cancelled calls and __cleanup__ (the agent's grace is 3 s)
 CLEANUP_S = 30.0  # the longest an async __cleanup__ may take (a stop waits for it)
 
 
-class _Run(enum.Enum):
-    """How a call of an endpoint runs."""
-
-    INLINE = "inline"  # a sync endpoint, on the loop's thread, before the next message
-    TASK = "task"  # an async one: the mailbox waits for it
-    CONCURRENT = "concurrent"  # an async concurrent_endpoint: the mailbox goes on once it has started
-
-
-@dataclass
-class _Slot:
-    """One actor living in this proc, with its mailbox and the calls running as tasks."""
-
-    name: str
-    instance: Any
-    endpoints: set[str]
-    ctx: ActorContext
-    mailbox: collections.deque = field(default_factory=collections.deque)
-    busy: bool = False
-    executions: int = 0
-    bound: dict[str, tuple[Any, _Run, bool]] = field(default_factory=dict)  # method -> (fn, how it runs, port)
-    tasks: set[asyncio.Task] = field(default_factory=set)
-    ended: str | None = None  # why the actor is gone, once it is ("actor a stopped (normal)")
-    owner: dict | None = None  # the actor that spawned it from inside an actor (wire.schema.Owner)
-    failed: str | None = None  # a child's failure it did not handle: it fails at its next message
-    children: list = field(default_factory=list)  # ActorMeshRefs of the meshes it spawned: stopped with it
-
-    def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
-        """The bound method, how it runs, and whether it answers through an explicit port."""
-        found = self.bound.get(method)
-        if found is None:
-            fn = getattr(self.instance, method)
-            if not is_async_endpoint(fn):
-                run = _Run.INLINE
-            else:
-                run = _Run.CONCURRENT if is_concurrent_endpoint(fn) else _Run.TASK
-            found = self.bound[method] = (fn, run, takes_response_port(fn))
-        return found
-
-
-class ProcRuntime(_HostWatch):
+class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
     """host_pid: the agent that started this proc, watched so that its death is noticed
     (None: nothing watches). origin: what a successor agent needs to adopt this proc: the
     request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
@@ -152,8 +103,9 @@ class ProcRuntime(_HostWatch):
         self.inbox = Inbox(self.ctx, self.creds, bind_host, advertise=advertise)
         self.outbox = Outbox(self.ctx, self.creds, max_peers=RECEIVER_MAX_PEERS)
         self.host_inbox = host_inbox
-        self.fence = EpochFence(epoch)  # what its session had seen when this proc started
-        self.dedupe = DedupeCache()
+        self.core = ProcCore(session, proc_id, epoch, os.getpid())  # admission, dedupe, results
+        self.fence = self.core.fence  # what its session had seen when this proc started, and since
+        self.dedupe = self.core.dedupe
         self.client = ActorClient(self)  # the calls this proc's actors make
         self.ports = ProcPorts(self)  # channels its actors opened, calls answered through a port
         self._born_with: dict[str, list] = {}  # meshes spawned by actors still in __init__
@@ -164,10 +116,8 @@ class ProcRuntime(_HostWatch):
         self._spin_s = spin_budget_s()
         self._async_running = 0  # async endpoint calls in flight: the loop must run them
         self._closing: set[asyncio.Task] = set()  # actors' ends still cancelling calls or in __cleanup__
-        self._rt_checked = ""  # the last reply address found valid
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = asyncio.new_event_loop()
-        self.log_to: str | None = None  # the current controller, where output is forwarded
         self.output: OutputForwarder | None = None
         self.stopping = False
         self.dropped = 0
@@ -181,7 +131,7 @@ class ProcRuntime(_HostWatch):
         if forwarding_enabled():
             host = os.environ.get("REGENT_HOST_NAME") or socket.gethostname()
             self.output = OutputForwarder(self.ctx, self.creds, self.session, self.proc_id, host, self.index,
-                                          lambda: self.log_to).start()
+                                          lambda: self.core.log_to).start()
         self.loop.add_reader(self.inbox.sock.getsockopt(zmq.FD), self._on_readable)
         self.loop.add_signal_handler(signal.SIGTERM, self._begin_stop)
         self.loop.add_signal_handler(signal.SIGINT, self._begin_stop)
@@ -347,72 +297,20 @@ class ProcRuntime(_HostWatch):
             if meta.get("sid", self.session) == self.session:
                 self.client.on_result(meta, payload)
             return
-        if kind is Kind.PING:
-            rt = meta.get("rt")
-            if valid_address(rt):
-                self._reply(rt, Kind.PONG, {"id": self.proc_id, "pid": os.getpid(), "n": meta.get("n"),
-                                            "cached": len(self.dedupe), "epoch": self.fence.epoch})
-            return
-        if meta["sid"] != self.session:  # wire.schema: CALL, SPAWN, STOP, FENCE, WATERMARK carry both
-            raise ProtocolError(f"message for session {meta['sid']!r}, this proc serves {self.session!r}")
-        epoch = meta["e"]
-        rt = meta.get("rt")
-        if rt is not None and rt != self._rt_checked:
-            if not valid_address(rt):
-                raise ProtocolError(f"bad reply address {rt!r}")
-            self._rt_checked = rt  # the controller's address, in almost every message
-        if not self.fence.admit(epoch):
-            if rt:
-                refused = {"sid": self.session, "s": meta.get("s", -1), "a": meta.get("a", ""),
-                           "pt": meta.get("pt", 0), "st": "fenced", "e": self.fence.epoch,
-                           "em": f"epoch {epoch} is below {self.fence.epoch}: this controller was deposed"}
-                if meta.get("o"):
-                    refused["o"] = meta["o"]  # an actor's call: its proc takes the newer epoch and resends
-                self._reply(rt, Kind.RESULT, refused)
-            return
-        if rt and not meta.get("o"):
-            self.log_to = rt  # an admitted epoch: the newest controller, which gets our output
-        if kind is Kind.CALL:
-            self._on_call(meta, payload, rt)
-        elif kind is Kind.SPAWN:
-            self._on_spawn(meta, payload, rt)
-        elif kind is Kind.STOP:
-            self._on_stop(meta, rt)
-        elif kind is Kind.FENCE:
-            if rt:
-                self._reply(rt, Kind.PONG, {"id": self.proc_id, "e": self.fence.epoch, "n": meta.get("n")})
-        elif kind is Kind.WATERMARK:
-            self.dedupe.watermark(meta["dw"], meta["cw"])
-        else:
-            raise ProtocolError(f"a proc does not accept {kind.name}")
+        for effect in self.core.receive(kind, meta, payload):
+            if isinstance(effect, Reply):
+                self._reply(effect.rt, effect.kind, effect.meta, effect.frames)
+            elif effect.kind is Kind.CALL:
+                self._on_call(effect)
+            elif effect.kind is Kind.SPAWN:
+                self._on_restart(effect) if effect.restart else self._on_spawn(effect)
+            else:
+                self._on_stop(effect)
 
     # --- calls -------------------------------------------------------------------
 
-    def _admit(self, kind: Kind, meta: dict, rt: str | None) -> tuple[str, int, int, str, str] | None:
-        """Dedupe gate shared by calls, spawns and stops; returns (actor, seq, point, method,
-        origin) to run. A message reusing an id for anything else is refused by the cache."""
-        seq, actor, point, method = meta["s"], meta["a"], meta["pt"], meta["m"]  # wire.schema.Call
-        origin = meta.get("o", "")  # "": the controller's call; else one an actor made
-        identity = CallIdentity(kind, method, point, meta["d"])
-        try:
-            verdict, cached = self.dedupe.admit(seq, actor, identity, rt, origin)
-        except DivergenceError as e:
-            if rt:
-                self._reply(rt, Kind.RESULT, self._result_meta(seq, actor, point, "divergence", o=origin, em=str(e)))
-            return None
-        if verdict == "cached":
-            if rt:
-                self._send(rt, wire.encode(Kind.RESULT, cached[0], cached[1]))
-            return None
-        if verdict == "joined":
-            return None
-        return actor, seq, point, method, origin
-
-    def _on_call(self, meta: dict, payload: list, rt: str | None) -> None:
-        admitted = self._admit(Kind.CALL, meta, rt)
-        if admitted is None:
-            return
-        actor, seq, point, method, o = admitted
+    def _on_call(self, call: Deliver) -> None:
+        actor, seq, point, method, o, payload = call.actor, call.seq, call.point, call.method, call.origin, call.payload
         if actor == PORT_ACTOR:
             self._on_port_send(seq, point, o, payload)
             return
@@ -433,125 +331,10 @@ class ProcRuntime(_HostWatch):
             self._finish(seq, actor, point, "err", o=o, et="AttributeError",
                          em=f"{type(slot.instance).__name__} has no endpoint {method!r}", tb="")
             return
-        slot.mailbox.append((seq, point, method, payload, o, _how(meta)))
+        slot.mailbox.append((seq, point, method, payload, o, _how(call.meta)))
         if not slot.busy:
             self._drain(slot)
 
-    def _supervise(self, slot: _Slot, seq: int, point: int, payload: list, o: str) -> bool:
-        """Offer a child's failure to the owner's `__supervise__(failure)`: True (handled) or the owner
-        fails at its next message, as Monarch's owners do. True here if an async hook now runs."""
-        try:
-            (fields,), _ = wire.loads(payload)
-            failure = MeshFailure(str(fields["mesh"]), int(fields["rank"]),
-                                  Point(int(fields["rank"]), dict(fields["co"]), dict(fields["sz"])),
-                                  str(fields["reason"]), "unsupervised")
-        except Exception as e:  # a notice this proc cannot read: answered, and the owner serves on
-            self._finish_error(seq, SUPERVISE_ACTOR, point, e, o=o)
-            return False
-        hook = getattr(slot.instance, "__supervise__", None)
-
-        def settle(handled: Any, error: BaseException | None = None) -> None:
-            if handled is not True:
-                why = f"raised {error!r}" if error else "did not handle it" if hook else "has no __supervise__"
-                slot.failed = f"its child {failure.mesh}{failure.point!r} failed ({failure.reason}) and it {why}"
-            self._finish(seq, SUPERVISE_ACTOR, point, "ok", frames=wire.dumps(handled is True), o=o)
-
-        if hook is None:
-            settle(False)
-            return False
-        token, site = _current.set(slot.ctx), _calling.set(CallSite(seq, o, slot.name, slot.ctx.rank))
-        try:
-            handled = hook(failure)
-        except Exception as e:
-            settle(False, e)
-            return False
-        finally:
-            _calling.reset(site)
-            _current.reset(token)
-        if not inspect.isawaitable(handled):
-            settle(handled)
-            return False
-
-        async def wait() -> None:
-            token = _current.set(slot.ctx)
-            try:
-                settle(await handled)
-            except Exception as e:
-                settle(False, e)
-            finally:
-                _current.reset(token)
-                self._async_running -= 1
-            if slot.ended is None:
-                self._drain(slot)
-
-        self._async_running += 1
-        task = self.loop.create_task(wait())
-        slot.tasks.add(task)
-        task.add_done_callback(slot.tasks.discard)
-        return True
-
-    def owned(self, actor: str, child: Any) -> None:
-        """Actor `actor` spawned mesh `child` (an ActorMeshRef, or OwnedProcs): it is stopped when
-        the actor ends."""
-        slot = self.actors.get(actor)
-        if slot is not None:
-            slot.children.append(child)
-        else:  # spawned from its __init__: the slot is not made yet (_construct takes these)
-            self._born_with.setdefault(actor, []).append(child)
-
-    def _stop_children(self, slot: _Slot) -> None:
-        """An owner ended: stop the meshes it spawned, without waiting (Monarch's recursive stop)."""
-        self._stop_meshes(f"{slot.name}[{slot.ctx.rank}]@{slot.ctx.incarnation}/stop", slot.children)
-        slot.children.clear()
-
-    def _stop_meshes(self, origin: str, meshes: list) -> None:
-        for k, child in enumerate(meshes):
-            if isinstance(child, OwnedProcs):  # after the meshes spawned before them, as listed
-                self.client.ask_host(child.host, "stop_procs", {"ids": list(child.ids)})
-                continue
-            for rank, target in zip(child.ranks, child.targets, strict=True):
-                self.client.send(Kind.STOP, target, -1, child.name, rank, f"{origin}#{k}", "__stop__", b"", [])
-
-    def _tell_owner(self, slot: _Slot, reason: str) -> None:
-        """An owned actor failed: its owner's proc hears of it (worker/remote.py ProcMeshRef.spawn)."""
-        ow = slot.owner
-        if not ow:
-            return
-        ctx = slot.ctx
-        fields = {"mesh": slot.name, "rank": ctx.rank, "co": dict(ctx.point), "sz": dict(ctx.sizes), "reason": reason}
-        frames, digest = wire.dumps_call((fields,), {})
-        origin = f"{slot.name}[{ctx.rank}]@{ctx.incarnation}"  # one failure per incarnation
-        fut = self.client.send(Kind.CALL, Target(ow["addr"], ow["p"], ow["h"]), -1, SUPERVISE_ACTOR, ow["pt"],
-                               origin, ow["a"], digest, frames)
-        fut.add_done_callback(lambda f: log.debug("told an owner of its child's failure", owner=ow["a"],
-                                                 child=slot.name, status=f.result()[0]["st"]))
-
-    def _on_port_send(self, seq: int, point: int, o: str, payload: list) -> None:
-        """A value for one of our ports, sent from another proc (worker/ports.py); deduped like a call."""
-        try:
-            (pid, item, *order), _ = wire.loads(payload)
-            refused = self.ports.deliver(pid, item, *order)
-        except Exception as e:
-            self._finish_error(seq, PORT_ACTOR, point, e, o=o)
-            return
-        if refused:
-            self._finish(seq, PORT_ACTOR, point, "err", o=o, et="ValueError", em=refused, tb="")
-        else:
-            self._finish(seq, PORT_ACTOR, point, "ok", o=o)
-
-    def _response_port(self, slot: _Slot, seq: int, point: int, o: str) -> Any:
-        """The port an explicit-response endpoint answers its call through."""
-        def answer(item: tuple) -> None:
-            kind, body = item
-            if kind == "v":
-                self._finish_value(seq, slot.name, point, body, o=o)
-            elif kind == "e":
-                et, em, tb = body
-                self._finish(seq, slot.name, point, "err", o=o, et=et, em=em, tb=tb)
-            else:  # the actor is gone
-                self._finish(seq, slot.name, point, "dead", o=o, em=f"{body} before answering this call")
-
-        return self.ports.response(seq, slot.name, point, o, answer)
 
     def _drain(self, slot: _Slot) -> None:
         """Run queued messages one at a time: a sync endpoint inline, an async one as a task that
@@ -644,50 +427,6 @@ class ProcRuntime(_HostWatch):
         if run is _Run.TASK and slot.ended is None:
             self._drain(slot)
 
-    def _returned(self, slot: _Slot, seq: int, point: int, o: str, port: Any, answer_to: Port | None,
-                  explicit: bool, value: Any) -> None:
-        """An endpoint returned: its value answers the call, or goes to the send's port; an
-        endpoint given a response port answered through it already."""
-        if answer_to is not None:
-            self._answer_port(seq, slot.name, point, o, answer_to, None if explicit else (value,))
-        elif port is None:
-            self._finish_value(seq, slot.name, point, value, o=o)
-
-    def _raised(self, slot: _Slot, seq: int, point: int, method: str, e: Exception, o: str, port: Any,
-                answer_to: Port | None, how: str) -> bool:
-        """An endpoint raised an Exception: its caller, or the send's port, gets it. A broadcast
-        has no reader, so the actor fails instead (True: it is gone)."""
-        if how == "bc":
-            self._fail(slot, seq, point, method, e, o=o)
-            return True
-        if answer_to is not None:
-            self._answer_port(seq, slot.name, point, o, answer_to, error=e)
-        else:
-            self._answer_error(seq, slot.name, point, e, o, port)
-        return False
-
-    def _answer_port(self, seq: int, actor: str, point: int, o: str, answer_to: Port,
-                     value: tuple | None = None, error: Exception | None = None) -> None:
-        """Monarch's send(..., port=): the endpoint's value (`(v,)`; None: an explicit-port
-        endpoint answered the port itself) or its error goes to that port, from this call's
-        site, so a re-run sends it under the same id. The call itself is answered with None."""
-        try:
-            if error is not None:
-                answer_to.exception(error)
-            elif value is not None:
-                answer_to.send(value[0])
-        except Exception as e:  # the port refused it (closed, or not of this session)
-            self._finish_error(seq, actor, point, e, o=o)
-            return
-        self._finish(seq, actor, point, "ok", o=o)
-
-    def _answer_error(self, seq: int, actor: str, point: int, e: Exception, o: str, port: Any) -> None:
-        """An endpoint raised: its caller gets the error, unless it was answered through its port already."""
-        if port is None or self.ports.close(port.id):
-            status = GROUP_FAILED if group_failure(e) else "err"
-            self._finish(seq, actor, point, status, o=o, **error_fields(e))
-        else:
-            log.warning("an endpoint raised after answering through its port", actor=actor, error=repr(e))
 
     def _fail(self, slot: _Slot, seq: int, point: int, method: str, e: BaseException, o: str = "") -> None:
         """An endpoint raised a BaseException that is not an Exception (nor SystemExit or
@@ -721,52 +460,11 @@ class ProcRuntime(_HostWatch):
             self._stop_children(slot)
         return self._close(slot, why, exc)
 
-    def _finish_value(self, seq: int, actor: str, point: int, value: Any, o: str = "") -> None:
-        if value is None:  # no payload at all: the controller reads an empty result as None
-            self._finish(seq, actor, point, "ok", o=o)
-            return
-        try:
-            frames = wire.dumps(value)
-            if wire.payload_size(frames) > self._max_message - wire.MAX_META_BYTES:  # near the limit
-                msg = wire.encode(Kind.RESULT, self._result_meta(seq, actor, point, "ok"), frames)
-                refuse_oversized(msg, self._max_message, "the controller")
-        except Exception as e:  # MessageTooLarge too: the caller hears why, rather than nothing
-            self._finish_error(seq, actor, point, e, o=o)
-            return
-        self._finish(seq, actor, point, "ok", frames=frames, o=o)
-
-    def _finish_error(self, seq: int, actor: str, point: int, e: BaseException, o: str = "") -> None:
-        self._finish(seq, actor, point, "err", o=o, **error_fields(e))
-
-    def _result_meta(self, seq: int, actor: str, point: int, status: str, **extra: Any) -> dict:
-        meta = {"sid": self.session, "s": seq, "a": actor, "pt": point, "st": status}
-        if extra:
-            meta.update(extra)
-        return meta
-
-    def _finish(self, seq: int, actor: str, point: int, status: str, frames: list | None = None, o: str = "",
-                **extra: Any) -> None:
-        meta = self._result_meta(seq, actor, point, status, **extra)
-        if o:
-            meta["o"] = o
-        frames = frames or _NO_FRAMES
-        waiters = self.dedupe.complete(seq, actor, (meta, frames), wire.payload_size(frames), o)
-        if waiters:
-            msg = wire.encode(Kind.RESULT, meta, frames)
-            for rt in waiters:
-                if rt:
-                    self._send(rt, msg)
 
     # --- spawn / stop ------------------------------------------------------------
 
-    def _on_spawn(self, meta: dict, payload: list, rt: str | None) -> None:
-        if meta.get("restart"):
-            self._on_restart(meta, payload, rt)
-            return
-        admitted = self._admit(Kind.SPAWN, meta, rt)
-        if admitted is None:
-            return
-        actor, seq, point, _, o = admitted
+    def _on_spawn(self, spawn: Deliver) -> None:
+        actor, seq, point, o, meta, payload = spawn.actor, spawn.seq, spawn.point, spawn.origin, spawn.meta, spawn.payload
         if o and actor in self.actors:  # an actor's spawn takes no name in use (the controller's may)
             self._finish(seq, actor, point, "err", o=o, et="ValueError", tb="",
                          em=f"an actor named {actor!r} already lives on proc {self.proc_id}: pick another name")
@@ -781,15 +479,15 @@ class ProcRuntime(_HostWatch):
         self.actors[actor] = slot
         self._finish(seq, actor, point, "ok", o=o, pid=os.getpid())
 
-    def _on_restart(self, meta: dict, payload: list, rt: str | None) -> None:
+    def _on_restart(self, restart: Deliver) -> None:
         """A supervisor rebuilds an actor (new incarnation) from its original spawn arguments."""
-        actor, point = meta["a"], meta["pt"]
+        actor, point, meta, payload, rt = restart.actor, restart.point, restart.meta, restart.payload, restart.meta.get("rt")
         inc = wire.require(meta, "inc", int)
         n = meta.get("n")
         old = self.actors.get(actor)
         if old is not None and old.ctx.incarnation >= inc:
             if rt:
-                self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(),
+                self._reply(rt, Kind.RESULT, self.core.result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(),
                                                                inc=old.ctx.incarnation))
             return
         if old is not None:
@@ -797,14 +495,14 @@ class ProcRuntime(_HostWatch):
 
         def failed(e: Exception) -> None:
             if rt:
-                self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "err", n=n, **error_fields(e)))
+                self._reply(rt, Kind.RESULT, self.core.result_meta(-1, actor, point, "err", n=n, **error_fields(e)))
 
         slot = self._construct(actor, point, meta, inc, payload, failed, CallSite(-1, f"restart{inc}", actor, point))
         if slot is None:
             return
         self.actors[actor] = slot
         if rt:
-            self._reply(rt, Kind.RESULT, self._result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(), inc=inc))
+            self._reply(rt, Kind.RESULT, self.core.result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(), inc=inc))
 
     def _construct(self, actor: str, point: int, meta: dict, incarnation: int, payload: list,
                    failed: Callable[[Exception], None], site: CallSite) -> _Slot | None:
@@ -830,11 +528,8 @@ class ProcRuntime(_HostWatch):
         children = self._born_with.pop(actor, [])
         return _Slot(actor, instance, endpoint_names(cls), ctx, children=children)
 
-    def _on_stop(self, meta: dict, rt: str | None) -> None:
-        admitted = self._admit(Kind.STOP, meta, rt)
-        if admitted is None:
-            return
-        actor, seq, point, _, o = admitted
+    def _on_stop(self, stop: Deliver) -> None:
+        actor, seq, point, o = stop.actor, stop.seq, stop.point, stop.origin
         slot = self.actors.get(actor)
         closing = self._retire(slot, f"actor {actor} was stopped") if slot is not None else None
         if closing is not None:  # answered once its calls are cancelled and its __cleanup__ is done
@@ -843,94 +538,6 @@ class ProcRuntime(_HostWatch):
         self._finish(seq, actor, point, "ok", o=o)
 
     # --- sending -----------------------------------------------------------------
-
-    def _reply(self, rt: str, kind: Kind, meta: dict, frames: list | None = None) -> None:
-        self._send(rt, wire.encode(kind, meta, frames or []))
-
-    def _send(self, rt: str, msg: list) -> None:
-        """Collect a reply; `_flush_out` sends each address's replies as few batches."""
-        out = self._out.get(rt)
-        if out is None:
-            if not self._out and not self._reading:  # from a task: send once this step is done
-                self.loop.call_soon(self._flush_out)
-            self._out[rt] = [msg]
-        else:
-            out.append(msg)
-
-    def _flush_out(self) -> None:
-        if not self._out:
-            return
-        out, self._out = self._out, {}
-        for rt, msgs in out.items():
-            try:
-                for frames in wire.pack(msgs, self._max_message):
-                    self._transmit(rt, frames)
-            except Exception:  # one peer's replies lost, not every peer's, nor the inbox's reader
-                log.exception("replies not sent", proc=self.proc_id, peer=rt, count=len(msgs))
-
-    def _transmit(self, rt: str, msg: list) -> None:
-        """Send without blocking the loop; a full peer gets a backlog retried shortly."""
-        try:
-            backlog = self.pending.get(rt)
-            if backlog:
-                refuse_oversized(msg, self._max_message, rt)
-                backlog.append((time.monotonic(), msg))
-                return
-            sent = self.outbox.peer(rt).try_send(msg)
-        except MessageTooLarge as e:  # a result too large was refused in _finish_value: not this
-            log.error("reply not sent", proc=self.proc_id, error=str(e))
-            return
-        except ProtocolError as e:  # an address zmq will not connect to, though it looked valid
-            log.warning("reply not sent", proc=self.proc_id, peer=rt, error=str(e))
-            return
-        if not sent:
-            self.pending[rt] = collections.deque([(time.monotonic(), msg)])
-            self.loop.call_later(0.001, self._flush, rt)
-
-    def _flush(self, rt: str) -> None:
-        backlog = self.pending.get(rt)
-        if not backlog:
-            self.pending.pop(rt, None)
-            return
-        peer = self.outbox.peer(rt)
-        while backlog and peer.try_send(backlog[0][1]):
-            backlog.popleft()
-        if not backlog:
-            del self.pending[rt]
-            return
-        if time.monotonic() - backlog[0][0] > 30.0:
-            # The controller stopped reading for 30 s: it is gone. A successor will
-            # re-request by call id and get the results from the dedupe cache.
-            log.warning("dropping replies to an unresponsive controller", peer=rt, count=len(backlog))
-            del self.pending[rt]
-            self.outbox.drop(rt)
-            return
-        self.loop.call_later(0.002, self._flush, rt)
-
-
-def _how(meta: dict) -> str:
-    """How a call is answered: "rp", to the port its first argument is (Monarch's send with a
-    port); "bc", nowhere, so an error fails the actor (a broadcast); "", to its caller."""
-    return "rp" if meta.get("rp") else "bc" if meta.get("bc") else ""
-
-
-def _arguments(payload: list, how: str) -> tuple[tuple, dict, Port | None]:
-    """A call's arguments, and the port its answer goes to (for "rp")."""
-    args, kwargs = wire.loads(payload)
-    if how != "rp":
-        return args, kwargs, None
-    if not args or not isinstance(args[0], Port):
-        raise TypeError(f"a send with a port carries the port as its first argument, got {type(args[0]).__name__ if args else 'none'}")
-    return tuple(args[1:]), kwargs, args[0]
-
-
-def _cleanup_args(hook: Any, exc: BaseException | None) -> tuple:
-    """`__cleanup__(exc)`, or `__cleanup__()` for a hook that takes no argument."""
-    try:
-        takes = bool(inspect.signature(hook).parameters)
-    except (TypeError, ValueError):  # no signature to read (a builtin): give it the argument
-        takes = True
-    return (exc,) if takes else ()
 
 
 def main(argv: list[str] | None = None) -> None:

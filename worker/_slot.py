@@ -1,0 +1,84 @@
+"""An actor as its proc holds it: the instance, its mailbox and the calls it runs, and how
+one of its endpoints runs (inline, as a task, concurrently)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from regent import wire
+from regent.worker.actor import (
+    ActorContext,
+    is_async_endpoint,
+    is_concurrent_endpoint,
+    takes_response_port,
+)
+from regent.worker.ports import Port
+
+
+class _Run(enum.Enum):
+    """How a call of an endpoint runs."""
+
+    INLINE = "inline"  # a sync endpoint, on the loop's thread, before the next message
+    TASK = "task"  # an async one: the mailbox waits for it
+    CONCURRENT = "concurrent"  # an async concurrent_endpoint: the mailbox goes on once it has started
+
+
+@dataclass
+class _Slot:
+    """One actor living in this proc, with its mailbox and the calls running as tasks."""
+
+    name: str
+    instance: Any
+    endpoints: set[str]
+    ctx: ActorContext
+    mailbox: collections.deque = field(default_factory=collections.deque)
+    busy: bool = False
+    executions: int = 0
+    bound: dict[str, tuple[Any, _Run, bool]] = field(default_factory=dict)  # method -> (fn, how it runs, port)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    ended: str | None = None  # why the actor is gone, once it is ("actor a stopped (normal)")
+    owner: dict | None = None  # the actor that spawned it from inside an actor (wire.schema.Owner)
+    failed: str | None = None  # a child's failure it did not handle: it fails at its next message
+    children: list = field(default_factory=list)  # ActorMeshRefs of the meshes it spawned: stopped with it
+
+    def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
+        """The bound method, how it runs, and whether it answers through an explicit port."""
+        found = self.bound.get(method)
+        if found is None:
+            fn = getattr(self.instance, method)
+            if not is_async_endpoint(fn):
+                run = _Run.INLINE
+            else:
+                run = _Run.CONCURRENT if is_concurrent_endpoint(fn) else _Run.TASK
+            found = self.bound[method] = (fn, run, takes_response_port(fn))
+        return found
+
+
+def _how(meta: dict) -> str:
+    """How a call is answered: "rp", to the port its first argument is (Monarch's send with a
+    port); "bc", nowhere, so an error fails the actor (a broadcast); "", to its caller."""
+    return "rp" if meta.get("rp") else "bc" if meta.get("bc") else ""
+
+
+def _arguments(payload: list, how: str) -> tuple[tuple, dict, Port | None]:
+    """A call's arguments, and the port its answer goes to (for "rp")."""
+    args, kwargs = wire.loads(payload)
+    if how != "rp":
+        return args, kwargs, None
+    if not args or not isinstance(args[0], Port):
+        raise TypeError(f"a send with a port carries the port as its first argument, got {type(args[0]).__name__ if args else 'none'}")
+    return tuple(args[1:]), kwargs, args[0]
+
+
+def _cleanup_args(hook: Any, exc: BaseException | None) -> tuple:
+    """`__cleanup__(exc)`, or `__cleanup__()` for a hook that takes no argument."""
+    try:
+        takes = bool(inspect.signature(hook).parameters)
+    except (TypeError, ValueError):  # no signature to read (a builtin): give it the argument
+        takes = True
+    return (exc,) if takes else ()
