@@ -1,4 +1,4 @@
-"""The controller's IO edge: sockets, the IO thread, and host agent requests.
+"""The controller's IO edge: sockets and the IO thread (host agent requests: _hosttable.py).
 
 The program's thread queues calls on per-peer PUSH sockets (no hand-off on the call
 path) and sends each peer's queue as one batch when the program blocks, a batch
@@ -26,6 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from regent import wire
 from regent.controller._groupblame import HeldGroupFailures
+from regent.controller._hosttable import _HostTable
 from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
 from regent.controller.futures import Future
@@ -63,7 +64,7 @@ _HANDSHAKE_FAILED = {
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, _HANDSHAKE_FAILED)
 
 
-class Runtime:
+class Runtime(_HostTable):
     def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None, *,
                  outcomes: OutcomePort | None = None, drive: Drive | None = None,
                  interrupt: Callable[[], None] | None = None, bind_host: str = "127.0.0.1"):
@@ -153,47 +154,6 @@ class Runtime:
         if self.outbox.dirty:
             self.outbox.flush()
 
-    def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
-        """A request to a host agent, answered through the inbox."""
-        host = self.moved_hosts.get(host, host)
-        if host in self.lost_hosts:
-            from regent.worker.errors import SupervisionError
-
-            raise SupervisionError(f"cannot ask host agent at {host} to {op!r}: {self.lost_hosts[host]}")
-        n = next(self._req_ids)
-        fut: Future = Future()
-        self._requests[n] = fut
-        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address,
-                "orphan_s": self.orphan_timeout_s, **fields}
-        try:
-            self.flush()
-            self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
-            if not fut.wait(timeout):
-                raise TimeoutError(self._no_answer(host, op, timeout))
-        finally:
-            self._requests.pop(n, None)
-        reply = fut.get()
-        if reply.get("st") == "fenced":
-            self.fenced = reply.get("em", "fenced by the host agent")
-            from regent.worker.errors import FencedError
-
-            raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")
-        if reply.get("st") == "divergence":
-            from regent.worker.errors import DivergenceError
-
-            raise DivergenceError(f"host agent at {host} refused {op!r}: {reply.get('em')}")
-        return reply
-
-    def _no_answer(self, host: str, op: str, timeout: float) -> str:
-        what = f"host agent at {host} did not answer {op!r} within {timeout:.0f} s"
-        why = self._unproven.get(self.outbox.route_of(host))
-        if why is None:
-            return what
-        return (f"{what}: {why}, so nothing was sent to it. Whatever listens there has not proven "
-                "it holds this user's regent secret ($REGENT_HOME/secret) or the cluster keys: "
-                "another program may have taken the agent's port, or an agent started before an "
-                "upgrade still runs there. Stop it, or start the agent again")
-
     def ask_proc(self, proc: ProcRef, kind: Kind, meta: dict, frames: list, timeout: float) -> dict | None:
         """Send `proc` a request that is answered by id through the inbox (a supervisor's
         restart spawn): its reply's metadata ({"st": "dead"} if it is dead), or None after `timeout`."""
@@ -220,41 +180,6 @@ class Runtime:
             for n, _ in waits:
                 self._requests.pop(n, None)
                 self._asked_procs.pop(n, None)
-
-    def register_host(self, host: str) -> None:
-        self.hosts[host] = host
-
-    def host_moved(self, was: str, now: str) -> None:
-        """The agent journaled at `was` serves at `now` (a successor that could not take its
-        address): requests for the procs it owns go there."""
-        self.moved_hosts[was] = now
-
-    def host_lost(self, host: str, reason: str) -> None:
-        """A cluster host is gone (controller/cluster.py): its procs are dead to this session and
-        requests to it fail at once. Caller holds the drive."""
-        self.lost_hosts[host] = reason
-        self.hosts.pop(host, None)
-        for proc in list(self.procs.values()):
-            if proc.host == host:
-                self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is unreachable: {reason}")
-
-    def host_back(self, old: str, new: str) -> None:
-        """A lost host registered again: it serves new requests, and the procs this session gave
-        up there are told to stop (if the agent never hears it, their orphan timeout ends them).
-        Caller holds the drive."""
-        self.lost_hosts.pop(old, None)
-        self.lost_hosts.pop(new, None)
-        if old != new:  # the procs it owned are replaced through the new agent, not the dead address
-            for was, now in list(self.moved_hosts.items()):
-                if now == old:
-                    self.moved_hosts[was] = new
-            self.moved_hosts[old] = new
-        self.register_host(new)
-        stale = [p.id for p in self.procs.values() if p.host == old and not p.alive]
-        if stale:
-            stop = {"sid": self.session, "e": self.epoch, "op": "stop_procs", "n": 0, "rt": self.reply_address,
-                    "ids": stale}
-            self.outbox.peer(new).try_send(wire.encode(Kind.HOST_REQ, stop))
 
     def on_proc_death(self, cb: Callable[[ProcRef], None]) -> None:
         self._on_proc_death.append(cb)
@@ -457,19 +382,6 @@ class Runtime:
                     f.flush()
                 except (OSError, ValueError):
                     pass  # the program closed its stream
-
-    def _reconcile(self, reply: dict) -> None:
-        """A host agent's answer to the periodic hello lists every live proc it has of this
-        session: one of ours it lacks died unreported (say, while its agent was being restarted).
-        The agent sends that answer after any death event, so a reported death is seen first."""
-        host, listed = reply.get("at"), reply.get("procs")
-        if not isinstance(host, str) or not isinstance(listed, list):
-            return
-        alive = {p["id"] for p in listed if isinstance(p, dict) and p.get("alive") and isinstance(p.get("id"), str)}
-        for proc in list(self.procs.values()):
-            if proc.host == host and proc.alive and not proc.stopped and proc.id not in alive:
-                self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is gone: its host agent at {host} "
-                                     "no longer lists it (it died unreported, e.g. while no agent watched it)")
 
     def _on_result(self, meta: dict, payload: list, lsn: int | None = None, held: bool = False) -> None:
         seq, point, status = meta.get("s"), meta.get("pt"), meta.get("st")

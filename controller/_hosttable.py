@@ -1,0 +1,123 @@
+"""The controller's table of host agents: the agents a session uses, where a successor moved
+one, which are lost, and requests to them (answered through the inbox by request id).
+Mixed into Runtime (controller/_runtime.py), whose sockets and procs these methods use."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from regent import wire
+from regent.controller.futures import Future
+from regent.controller.refs import ProcRef
+from regent.wire import Kind
+from regent.wire.transport import Outbox
+
+
+class _HostTable:
+    """Host agents by the address they serve at. `hosts`: those the session uses (greeted
+    every second); `moved_hosts`: a journaled address -> where its successor serves;
+    `lost_hosts`: address -> why it is lost (requests to it fail at once)."""
+
+    session: str
+    epoch: int
+    reply_address: str
+    outbox: Outbox
+    procs: dict[str, ProcRef]
+    hosts: dict[str, str]
+    moved_hosts: dict[str, str]
+    lost_hosts: dict[str, str]
+    fenced: str | None
+    orphan_timeout_s: float | None
+    _requests: dict[int, Future]
+    _req_ids: itertools.count
+    _unproven: dict
+
+    def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
+        """A request to a host agent, answered through the inbox."""
+        host = self.moved_hosts.get(host, host)
+        if host in self.lost_hosts:
+            from regent.worker.errors import SupervisionError
+
+            raise SupervisionError(f"cannot ask host agent at {host} to {op!r}: {self.lost_hosts[host]}")
+        n = next(self._req_ids)
+        fut: Future = Future()
+        self._requests[n] = fut
+        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address,
+                "orphan_s": self.orphan_timeout_s, **fields}
+        try:
+            self.flush()
+            self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
+            if not fut.wait(timeout):
+                raise TimeoutError(self._no_answer(host, op, timeout))
+        finally:
+            self._requests.pop(n, None)
+        reply = fut.get()
+        if reply.get("st") == "fenced":
+            self.fenced = reply.get("em", "fenced by the host agent")
+            from regent.worker.errors import FencedError
+
+            raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")
+        if reply.get("st") == "divergence":
+            from regent.worker.errors import DivergenceError
+
+            raise DivergenceError(f"host agent at {host} refused {op!r}: {reply.get('em')}")
+        return reply
+
+    def _no_answer(self, host: str, op: str, timeout: float) -> str:
+        what = f"host agent at {host} did not answer {op!r} within {timeout:.0f} s"
+        why = self._unproven.get(self.outbox.route_of(host))
+        if why is None:
+            return what
+        return (f"{what}: {why}, so nothing was sent to it. Whatever listens there has not proven "
+                "it holds this user's regent secret ($REGENT_HOME/secret) or the cluster keys: "
+                "another program may have taken the agent's port, or an agent started before an "
+                "upgrade still runs there. Stop it, or start the agent again")
+
+    def register_host(self, host: str) -> None:
+        self.hosts[host] = host
+
+    def host_moved(self, was: str, now: str) -> None:
+        """The agent journaled at `was` serves at `now` (a successor that could not take its
+        address): requests for the procs it owns go there."""
+        self.moved_hosts[was] = now
+
+    def host_lost(self, host: str, reason: str) -> None:
+        """A cluster host is gone (controller/cluster.py): its procs are dead to this session and
+        requests to it fail at once. Caller holds the drive."""
+        self.lost_hosts[host] = reason
+        self.hosts.pop(host, None)
+        for proc in list(self.procs.values()):
+            if proc.host == host:
+                self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is unreachable: {reason}")
+
+    def host_back(self, old: str, new: str) -> None:
+        """A lost host registered again: it serves new requests, and the procs this session gave
+        up there are told to stop (if the agent never hears it, their orphan timeout ends them).
+        Caller holds the drive."""
+        self.lost_hosts.pop(old, None)
+        self.lost_hosts.pop(new, None)
+        if old != new:  # the procs it owned are replaced through the new agent, not the dead address
+            for was, now in list(self.moved_hosts.items()):
+                if now == old:
+                    self.moved_hosts[was] = new
+            self.moved_hosts[old] = new
+        self.register_host(new)
+        stale = [p.id for p in self.procs.values() if p.host == old and not p.alive]
+        if stale:
+            stop = {"sid": self.session, "e": self.epoch, "op": "stop_procs", "n": 0, "rt": self.reply_address,
+                    "ids": stale}
+            self.outbox.peer(new).try_send(wire.encode(Kind.HOST_REQ, stop))
+
+    def _reconcile(self, reply: dict) -> None:
+        """A host agent's answer to the periodic hello lists every live proc it has of this
+        session: one of ours it lacks died unreported (say, while its agent was being restarted).
+        The agent sends that answer after any death event, so a reported death is seen first."""
+        host, listed = reply.get("at"), reply.get("procs")
+        if not isinstance(host, str) or not isinstance(listed, list):
+            return
+        alive = {p["id"] for p in listed if isinstance(p, dict) and p.get("alive") and isinstance(p.get("id"), str)}
+        for proc in list(self.procs.values()):
+            if proc.host == host and proc.alive and not proc.stopped and proc.id not in alive:
+                self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is gone: its host agent at {host} "
+                                     "no longer lists it (it died unreported, e.g. while no agent watched it)")
