@@ -5,6 +5,7 @@ Mixed into Runtime (controller/_runtime.py), whose sockets and procs these metho
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from regent import wire
@@ -35,34 +36,51 @@ class _HostTable:
 
     def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
         """A request to a host agent, answered through the inbox."""
-        host = self.moved_hosts.get(host, host)
-        if host in self.lost_hosts:
-            from regent.worker.errors import SupervisionError
+        return self.host_requests([(host, op, fields)], timeout)[0]
 
-            raise SupervisionError(f"cannot ask host agent at {host} to {op!r}: {self.lost_hosts[host]}")
-        n = next(self._req_ids)
-        fut: Future = Future()
-        self._requests[n] = fut
-        meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address,
-                "orphan_s": self.orphan_timeout_s, **fields}
+    def host_requests(self, asks: list[tuple[str, str, dict]], timeout: float = 60.0,
+                      timeouts: bool = False) -> list[Any]:
+        """Requests (host, op, fields) to several agents, every one sent before any answer is
+        awaited, so the agents work at once (a spawn over many hosts takes the time of one);
+        the replies in order. A lost host fails the lot before anything is sent; otherwise
+        the first failure, in order, is raised once the answers before it are in. With
+        `timeouts`, an agent that does not answer in time gets its TimeoutError in the list."""
+        from regent.worker.errors import DivergenceError, FencedError, SupervisionError
+
+        targets = [self.moved_hosts.get(host, host) for host, _, _ in asks]
+        for host, (_, op, _) in zip(targets, asks, strict=True):
+            if host in self.lost_hosts:
+                raise SupervisionError(f"cannot ask host agent at {host} to {op!r}: {self.lost_hosts[host]}")
+        sent: list[tuple[int, Future]] = []
         try:
             self.flush()
-            self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
-            if not fut.wait(timeout):
-                raise TimeoutError(self._no_answer(host, op, timeout))
+            for host, (_, op, fields) in zip(targets, asks, strict=True):
+                n = next(self._req_ids)
+                fut: Future = Future()
+                self._requests[n] = fut
+                sent.append((n, fut))
+                meta = {"sid": self.session, "e": self.epoch, "op": op, "n": n, "rt": self.reply_address,
+                        "orphan_s": self.orphan_timeout_s, **fields}
+                self.outbox.peer(host).send(wire.encode(Kind.HOST_REQ, meta))
+            deadline = time.monotonic() + timeout
+            replies = []
+            for host, (_, op, _), (_, fut) in zip(targets, asks, sent, strict=True):
+                if not fut.wait(max(0.0, deadline - time.monotonic())):
+                    if not timeouts:
+                        raise TimeoutError(self._no_answer(host, op, timeout))
+                    replies.append(TimeoutError(self._no_answer(host, op, timeout)))
+                    continue
+                reply = fut.get()
+                if reply.get("st") == "fenced":
+                    self.fenced = reply.get("em", "fenced by the host agent")
+                    raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")
+                if reply.get("st") == "divergence":
+                    raise DivergenceError(f"host agent at {host} refused {op!r}: {reply.get('em')}")
+                replies.append(reply)
+            return replies
         finally:
-            self._requests.pop(n, None)
-        reply = fut.get()
-        if reply.get("st") == "fenced":
-            self.fenced = reply.get("em", "fenced by the host agent")
-            from regent.worker.errors import FencedError
-
-            raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")
-        if reply.get("st") == "divergence":
-            from regent.worker.errors import DivergenceError
-
-            raise DivergenceError(f"host agent at {host} refused {op!r}: {reply.get('em')}")
-        return reply
+            for n, _ in sent:
+                self._requests.pop(n, None)
 
     def _no_answer(self, host: str, op: str, timeout: float) -> str:
         what = f"host agent at {host} did not answer {op!r} within {timeout:.0f} s"

@@ -156,6 +156,10 @@ class _NoRuntime:
         raise AuditGap(f"the program needs host agent {host} to {op!r}, and the journal does not say "
                        "what it answered")
 
+    def host_requests(self, asks: list[tuple[str, str, dict]], timeout: float = 60.0,
+                      timeouts: bool = False) -> list[dict]:
+        return [self.host_request(host, op) for host, op, _ in asks]
+
     def flush(self) -> None:
         """Nothing is ever queued for a worker in an audit."""
 

@@ -117,17 +117,20 @@ class ClusterHosts:
         """Say hello to the picked hosts and watch them; their addresses. A journaled host that
         is gone (on replay) is taken for lost: its procs are dead to this session."""
         registered = {h.id: h for h in self.registered(cluster)}  # one read of the store for all
-        addresses = [self._attach_one(cluster, entry, registered.get(entry["id"]), replaying) for entry in entries]
+        # Every agent greeted at once; one that does not answer is looked at on its own.
+        greeted = self.runtime.host_requests([(e["addr"], "hello", {}) for e in entries], timeout=3.0, timeouts=True)
+        addresses = [self._attach_one(cluster, entry, registered.get(entry["id"]), replaying, reply)
+                     for entry, reply in zip(entries, greeted, strict=True)]
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="regent-host-watch", daemon=True)
             self._thread.start()
         return addresses
 
-    def _attach_one(self, cluster: str, entry: dict, current: HostRecord | None, replaying: bool) -> str:
+    def _attach_one(self, cluster: str, entry: dict, current: HostRecord | None, replaying: bool,
+                    greeted: object) -> str:
+        """`greeted`: the agent's answer to the hello attach() sent (a TimeoutError if none)."""
         addr = entry["addr"]
-        try:
-            self.runtime.host_request(addr, "hello", timeout=3.0)
-        except TimeoutError as e:
+        if isinstance(greeted, TimeoutError):
             if current is not None and current.address != addr:
                 log.warning("the journaled host agent moved; using its new address", cluster=cluster,
                             host=entry["id"], was=addr, now=current.address)
@@ -136,7 +139,7 @@ class ClusterHosts:
                 self.runtime.host_request(addr, "hello", timeout=10.0)
             elif not replaying:
                 raise SupervisionError(f"host {entry['id']} of cluster {cluster!r} at {addr} is registered but "
-                                       f"does not answer: {e}") from None
+                                       f"does not answer: {greeted}") from None
             else:
                 current = None
         with self._lock:  # a host an earlier host_mesh attached is watched once

@@ -247,9 +247,13 @@ class LiveEdge:
                   and isinstance(jc.value, dict) for h in jc.value.get("hosts") or [] if isinstance(h, dict)}
         hosts |= set(journaled_spare_addresses(self.replay.supervision))  # where lost hosts' procs moved
         runtime = self.runtime
-        for host in sorted(h for h in hosts if isinstance(h, str)):
+        known = sorted(h for h in hosts if isinstance(h, str) and runtime.moved_hosts.get(h, h) not in runtime.lost_hosts)
+        # Every agent greeted at once: a takeover waits for the slowest, not for their sum.
+        greeted = runtime.host_requests([(host, "hello", {}) for host in known], timeout=2.0, timeouts=True)
+        for host, reply in zip(known, greeted, strict=True):
             try:
-                reply = runtime.host_request(host, "hello", timeout=2.0)
+                if isinstance(reply, TimeoutError):
+                    raise reply
                 # A restarted agent is still adopting the procs that outlived its
                 # predecessor: wait for its list to be complete (bounded), or procs on
                 # their way would be taken for dead and restarted.

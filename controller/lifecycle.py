@@ -104,9 +104,10 @@ class Lifecycle:
             # The session's own tuning reaches its procs even through an agent started earlier.
             tuning = {k: os.environ[k] for k in PROC_TUNING_ENV if k in os.environ}
             envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim, **tuning} for i in range(count)]
-            for host in hosts:
-                reply = runtime.host_request(host, "spawn_procs", s=seq, count=count, envs=envs,
-                                             path=sys_path(), d=digest)
+            # Every host asked at once: each starts its procs together, all hosts in parallel.
+            fields = {"s": seq, "count": count, "envs": envs, "path": sys_path(), "d": digest}
+            replies = runtime.host_requests([(host, "spawn_procs", fields) for host in hosts])
+            for host, reply in zip(hosts, replies, strict=True):
                 if reply.get("st") != "ok":
                     raise SupervisionError(f"host agent at {host} could not spawn procs: {reply.get('em')}")
                 listing += [{**p, "host": host, "env": envs[k]} for k, p in enumerate(reply["procs"])]
