@@ -4,7 +4,6 @@ one of its endpoints runs (inline, as a task, concurrently)."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
 import inspect
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from regent.worker.actor import (
     takes_response_port,
 )
 from regent.worker.ports import Port
+from regent.worker.proccore import Mailbox
 
 
 class _Run(enum.Enum):
@@ -36,8 +36,7 @@ class _Slot:
     instance: Any
     endpoints: set[str]
     ctx: ActorContext
-    mailbox: collections.deque = field(default_factory=collections.deque)
-    busy: bool = False
+    mailbox: Mailbox = field(default_factory=Mailbox)
     executions: int = 0
     bound: dict[str, tuple[Any, _Run, bool]] = field(default_factory=dict)  # method -> (fn, how it runs, port)
     tasks: set[asyncio.Task] = field(default_factory=set)

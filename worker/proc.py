@@ -319,8 +319,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
             if owner is None:
                 self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {method!r} on proc {self.proc_id}")
                 return
-            owner.mailbox.append((seq, point, SUPERVISE_ACTOR, payload, o, False))
-            if not owner.busy:
+            if owner.mailbox.put((seq, point, SUPERVISE_ACTOR, payload, o, False)):
                 self._drain(owner)
             return
         slot = self.actors.get(actor)
@@ -331,8 +330,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
             self._finish(seq, actor, point, "err", o=o, et="AttributeError",
                          em=f"{type(slot.instance).__name__} has no endpoint {method!r}", tb="")
             return
-        slot.mailbox.append((seq, point, method, payload, o, _how(call.meta)))
-        if not slot.busy:
+        if slot.mailbox.put((seq, point, method, payload, o, _how(call.meta))):
             self._drain(slot)
 
 
@@ -340,9 +338,8 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         """Run queued messages one at a time: a sync endpoint inline, an async one as a task that
         parks the mailbox until done. A concurrent endpoint's task parks it only until the task
         has run to its first await (the next message is taken on the loop's next turn)."""
-        slot.busy = True
-        while slot.mailbox:
-            seq, point, method, payload, o, how = slot.mailbox.popleft()
+        while (item := slot.mailbox.take()) is not None:
+            seq, point, method, payload, o, how = item
             if slot.failed is not None:  # a child's failure it did not handle: this message finds it failed
                 self._exit(slot, seq, point, ActorExit(slot.failed, normal=False), o=o)
                 return
@@ -385,7 +382,6 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
             finally:
                 _calling.reset(site)
                 _current.reset(token)
-        slot.busy = False
 
     def _resume(self, slot: _Slot) -> None:
         if slot.ended is None:
@@ -450,9 +446,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         running this call"), as do its calls still running ("<why> while this call ran")."""
         if self.actors.get(slot.name) is slot:
             del self.actors[slot.name]
-        slot.busy = False
-        while slot.mailbox:
-            seq, point, _, _, o, _ = slot.mailbox.popleft()
+        for seq, point, _, _, o, _ in slot.mailbox.clear():
             self._finish(seq, slot.name, point, "dead", o=o, em=f"{why} before running this call")
         for _, answer in self.ports.of_actor(slot.name):  # calls it would have answered through a port
             answer(("gone", why))

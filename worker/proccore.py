@@ -12,7 +12,8 @@ it with tables of messages, as test_engine.py drives the controller's engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+from dataclasses import dataclass, field
 from typing import Any
 
 from regent import wire
@@ -52,6 +53,38 @@ class Deliver:
 
 
 Effect = Reply | Deliver
+
+
+@dataclass
+class Mailbox:
+    """One actor's messages, taken one at a time in the order they arrived: each sender's
+    order, as the transport keeps it per sender. `busy` while one is being handled (a sync
+    endpoint inline, an async one until it returns, a concurrent one until its first await)."""
+
+    items: collections.deque = field(default_factory=collections.deque)
+    busy: bool = False
+
+    def put(self, item: Any) -> bool:
+        """Queue `item`; True if the actor is idle, so the edge starts on it now."""
+        self.items.append(item)
+        return not self.busy
+
+    def take(self) -> Any:
+        """The next message, which the actor is now busy with; None when there is none (idle)."""
+        if self.items:
+            self.busy = True
+            return self.items.popleft()
+        self.busy = False
+        return None
+
+    def clear(self) -> list:
+        """The actor is gone: what was still queued (to be failed); nothing is handled any more."""
+        items, self.items = list(self.items), collections.deque()
+        self.busy = False
+        return items
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 class ProcCore:

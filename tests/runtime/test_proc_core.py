@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from regent.wire import Kind, ProtocolError
-from regent.worker.proccore import Deliver, ProcCore, Reply
+from regent.worker.proccore import Deliver, Mailbox, ProcCore, Reply
 
 SID = "s1"
 CTL = "tcp://127.0.0.1:5000"  # the controller
@@ -148,3 +148,16 @@ def test_what_a_proc_cannot_take_is_a_protocol_error(kind, meta, error):
 
 def test_a_ping_without_a_valid_reply_address_is_dropped():
     assert ProcCore(SID, "p0").receive(Kind.PING, {"rt": "nowhere", "n": 1}, []) == []
+
+
+def test_a_mailbox_hands_out_one_message_at_a_time_in_arrival_order():
+    box = Mailbox()
+    assert box.put("a1") is True  # idle: start on it
+    assert box.take() == "a1" and box.busy
+    assert box.put("b1") is False and box.put("a2") is False  # busy: queued behind it, in order
+    assert [box.take(), box.take()] == ["b1", "a2"]
+    assert box.take() is None and not box.busy  # drained: idle again
+    assert box.put("c1") is True
+    box.take()  # an async endpoint runs: the box stays busy (parked) until it is taken from again
+    assert box.put("c2") is False
+    assert box.clear() == ["c2"] and not box.busy and len(box) == 0
