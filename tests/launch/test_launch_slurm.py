@@ -72,6 +72,11 @@ def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3
         assert time.monotonic() < deadline and slurm3.job(job)["JobState"] in ("PENDING", "RUNNING"), \
             (slurm3.job(job), _job_out(out))
         time.sleep(0.05)
+    # The standby's node may start its controller late on a loaded machine: kill the primary only
+    # once the standby stands by, or the "standby" finds no leader and simply starts as primary.
+    while "standing by: another controller leads this session" not in _job_out(out):
+        assert time.monotonic() < deadline, ("the standby never stood by", _job_out(out))
+        time.sleep(0.05)
     primary = int(leaders.read_text().split()[0])
     assert psutil.Process(primary).cmdline()[-1] == str(MIXED)
     journal = re.search(r"journal (etcd://\S+):", _job_out(out))[1]
