@@ -45,7 +45,10 @@ def cluster(own_home, tmp_path: Path) -> Iterator[Callable[..., tuple[str, dict[
 
 def test_a_lost_host_is_replaced_from_a_spare_and_every_later_all_reduce_has_the_full_world(cluster) -> None:
     url, agents = cluster("a", "b", "c")
-    policy = RestartPolicy(strategy="one_for_all", on_host_lost="replace", max_restarts=10, window_s=60)
+    # A step waits for the rebuild up to restart_timeout_s: on a loaded machine the new rank's
+    # process group (torch imported, gloo's rendezvous) took longer than the default 30 s once.
+    policy = RestartPolicy(strategy="one_for_all", on_host_lost="replace", max_restarts=10, window_s=60,
+                           restart_timeout_s=120)
     kill_at = random.Random().randint(1, 4)
     errors: list[str] = []
     with Session("replace", journal=url) as s:
