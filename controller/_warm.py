@@ -30,7 +30,7 @@ GROUP_MODULES = ("torch.distributed", "regent.hipcore.distributed")  # what re-f
 
 class SpareWarmer:
     """Keeps the session's spares warm from its own thread, woken by `poke()` when a mesh or a
-    group is made and every REFRESH_S. `hosts()` are the agents asked (stopped with the session)."""
+    group is made and every REFRESH_S. `hosts()`: every agent it asked (stopped with the session)."""
 
     def __init__(self, runtime: Runtime, supervisor: Supervisor, clusters: Callable[[], ClusterHosts]):
         self.runtime = runtime
@@ -38,6 +38,7 @@ class SpareWarmer:
         self.clusters = clusters
         self.spares: set[str] = set()
         self._leaving: set[str] = set()  # spares no longer wanted, released at the next refresh
+        self._asked: set[str] = set()  # every agent ever asked: the session's end stops its procs there
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -51,7 +52,7 @@ class SpareWarmer:
         self._wake.set()
 
     def hosts(self) -> set[str]:
-        return self.spares | self._leaving
+        return set(self._asked)
 
     def close(self) -> None:
         self._stop.set()
@@ -111,6 +112,7 @@ class SpareWarmer:
         self.spares = asked
 
     def _ask(self, addr: str, procs: list[dict], modules: list[str]) -> bool:
+        self._asked.add(addr)  # even unanswered: the request may have been taken
         try:
             reply = self.runtime.host_request(addr, "warm_procs", timeout=5.0, warm=procs, preload=modules,
                                               path=self.supervisor.path)

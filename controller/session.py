@@ -203,12 +203,13 @@ class Session:
         orphan timeout. A lost host's agent is not asked."""
         runtime = self.runtime
         warmer = self._supervisor.warmer
-        hosts = dict.fromkeys([*self._lifecycle.hosts, *runtime.hosts, *(warmer.hosts() if warmer else ())])
-        hosts = [h for h in hosts if runtime.moved_hosts.get(h, h) not in runtime.lost_hosts]
+        used = [*self._lifecycle.hosts, *runtime.hosts]
+        spares = set(warmer.hosts() if warmer else ()) - set(used)  # a spare may have died unnoticed: less wait
+        hosts = [h for h in dict.fromkeys([*used, *spares]) if runtime.moved_hosts.get(h, h) not in runtime.lost_hosts]
 
         def stop(host: str) -> None:
             try:
-                runtime.host_request(host, "stop_session", timeout=15.0)
+                runtime.host_request(host, "stop_session", timeout=5.0 if host in spares else 15.0)
             except (TimeoutError, FencedError, SupervisionError) as e:
                 log.warning("could not stop the session on a host", host=host, error=str(e))
 
