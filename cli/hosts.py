@@ -56,6 +56,9 @@ def _cluster_parser() -> argparse.ArgumentParser:
                    help="this host's name in the cluster, unique there (default: the hostname)")
     p.add_argument("--ttl", type=float, default=float(os.environ.get("REGENT_HOST_TTL_S", DEFAULT_HOST_TTL_S)),
                    help=f"lease TTL in seconds: a host silent this long is dead (default {DEFAULT_HOST_TTL_S:g})")
+    p.add_argument("--hollow", type=int, default=0, metavar="K",
+                   help="serve spawns with at most K hollow procs inside this agent (real proc logic, no "
+                        "process, torch or GPU of their own): to measure a controller at scale")
     p.add_argument("--daemonize", action="store_true", help="fork into the background and return at once")
     p.add_argument("--log", default=None, help="log file (with --daemonize)")
     return p
@@ -74,6 +77,10 @@ def cluster_agent(argv: list[str]) -> int:
         return 2
     if not 0.5 <= a.ttl <= 60:
         print(f"regent host: --ttl {a.ttl:g} must lie between 0.5 and 60 seconds", file=sys.stderr)
+        return 2
+    if a.hollow < 0:
+        print(f"regent host: --hollow {a.hollow}: give the most hollow procs this agent serves (K >= 1)",
+              file=sys.stderr)
         return 2
     name = a.name or check_name(socket.gethostname().split(".")[0], "hostname (pass --name)")
     if a.advertise == AUTO:
@@ -115,7 +122,7 @@ def cluster_agent(argv: list[str]) -> int:
         journal = open_journal(a.store)  # after the fork: gRPC channels do not survive one
 
         def describe(incarnation: str) -> HostRecord:
-            return _describe(name, agent.inbox.address, incarnation)
+            return _describe(name, agent.inbox.address, incarnation, hollow=a.hollow > 0)
 
         try:
             membership = HostMembership(journal.backend, a.cluster, name, describe, a.ttl,
@@ -132,7 +139,7 @@ def cluster_agent(argv: list[str]) -> int:
         return leave
 
     try:
-        serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join)
+        serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join, hollow=a.hollow)
     except HostNameInUse as e:
         print(f"regent host: {e}", file=sys.stderr)
         return 2
@@ -164,16 +171,17 @@ def _pin_interfaces(advertise: str) -> None:
         os.environ.setdefault(var, iface)
 
 
-def _describe(name: str, address: str, incarnation: str) -> HostRecord:
+def _describe(name: str, address: str, incarnation: str, hollow: bool = False) -> HostRecord:
     import psutil
 
     from regent.hipcore import backend
 
-    info = backend()
+    info = None if hollow else backend()  # a hollow host has no devices (and may not import torch)
     return HostRecord(id=name, address=address, hostname=socket.gethostname(), incarnation=incarnation,
                       pid=os.getpid(), cores=os.cpu_count() or 1, memory_bytes=psutil.virtual_memory().total,
-                      backend=info.name, devices=[f"{info.name}:{i}" for i in range(info.device_count)]
-                      if info.is_gpu else [], since=time.time())
+                      backend="hollow" if info is None else info.name,
+                      devices=[f"{info.name}:{i}" for i in range(info.device_count)]
+                      if info is not None and info.is_gpu else [], since=time.time())
 
 
 def hosts_ls(cluster: str, store: str | None, as_json: bool = False) -> int:

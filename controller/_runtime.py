@@ -40,6 +40,7 @@ from regent.wire.transport import (
     Outbox,
     Peer,
     PeerGone,
+    context,
     peer_of,
     readable,
     refuse_oversized_call,
@@ -56,6 +57,7 @@ WATERMARK_INTERVAL_S = 0.2
 RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
 HOST_HELLO_INTERVAL_S = 1.0
+CONTROLLER_SOCKETS = 1 << 16  # a socket (and a monitor) per proc and host it talks to: zmq's 1023 is 500 procs
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a protocol error, e.g. a server key other than the expected one",
@@ -81,7 +83,7 @@ class Runtime(_HostTable):
         self._want_lock = threading.Lock()
         self._spin_s = spin_budget_s()
         self._wanted = 0  # program threads reading the inbox themselves
-        self.ctx = zmq.Context()
+        self.ctx = context(CONTROLLER_SOCKETS)
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds, bind_host)
         # links (chaos testing): .connect(addr) routes our connections, .advertise(addr)

@@ -63,7 +63,7 @@ class HostRecord:
     pid: int
     cores: int
     memory_bytes: int
-    backend: str  # hipcore's backend: cpu, cuda or rocm
+    backend: str  # hipcore's backend: cpu, cuda or rocm; "hollow" for a hollow host (regent host --hollow)
     devices: list[str] = field(default_factory=list)
     since: float = 0.0  # wall-clock time of this registration
 

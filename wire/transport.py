@@ -333,6 +333,24 @@ class Peer:
             self.sock.close(linger=0)
 
 
+def context(sockets: int = 0) -> zmq.Context:
+    """A zmq context for a process that may hold `sockets` sockets at once (0: zmq's default
+    of 1023), a controller's to a thousand procs or a hollow host's. The process's open-file
+    limit is raised to its hard limit as well: every socket holds descriptors."""
+    ctx = zmq.Context()
+    if sockets > ctx.get(zmq.MAX_SOCKETS):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            except (ValueError, OSError) as e:
+                log.warning("cannot raise the open-file limit", soft=soft, hard=hard, error=str(e))
+        ctx.set(zmq.MAX_SOCKETS, sockets)
+    return ctx
+
+
 # The peers a receiver (a proc, a host agent) keeps. It answers whatever reply address a
 # message names, so without a bound, messages naming ever new addresses would use up its zmq
 # context's sockets (1023) and it could answer no new controller, a standby taking over say.

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
-import zmq
 
 from regent import wire
 from regent.wire import Kind
-from regent.wire.transport import readable
 
 if TYPE_CHECKING:
     from regent.worker.proc import ProcRuntime
@@ -238,7 +236,6 @@ class ActorClient:
         a sync endpoint waits for a call it made. Every message is handled as the loop would,
         so the actors of this proc go on serving; this actor's own mailbox waits."""
         rt = self.rt
-        sock = rt.inbox.sock
         end = None if timeout is None else time.monotonic() + timeout
         next_tick = time.monotonic() + TICK_S
         while not done():
@@ -251,9 +248,7 @@ class ActorClient:
                 self._tick()
                 next_tick = now + TICK_S
             rt._flush_out()
-            wait_ms = int(1000 * min(TICK_S, max(0.0, (end or now + TICK_S) - now)))
-            if readable(sock) or sock.poll(max(1, wait_ms), zmq.POLLIN):
-                rt.take_one()
+            rt.pump_once(int(1000 * min(TICK_S, max(0.0, (end or now + TICK_S) - now))))
         rt._flush_out()
         return True
 

@@ -31,7 +31,7 @@ from regent import wire
 from regent.hipcore.ports import free_port
 from regent.wire import Kind, ProtocolError, schema
 from regent.wire.security import load_credentials, regent_home, stop_authenticator
-from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, peer_of, valid_address
+from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, context, peer_of, valid_address
 from regent.worker import discovery
 from regent.worker._adopting import ADOPT_GRACE_S, _Adoption
 from regent.worker._hoststate import (
@@ -48,6 +48,7 @@ from regent.worker.fencing import EpochFence, FenceStore
 log = structlog.get_logger("regent.host")
 
 PROC_START_TIMEOUT_S = 60.0
+SOCKETS_PER_HOLLOW_PROC = 16  # its inbox and the peers it answers, in the agent's zmq context
 STOP_GRACE_S = 3.0
 STOPPED_SESSIONS_KEPT = 4096
 
@@ -58,8 +59,9 @@ class HostAgent(_Adoption, _WarmPool):
     epoch fence is kept (default $REGENT_HOME/fences), so a successor starts from it."""
 
     def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0,
-                 succeeds: dict | None = None, fences: FenceStore | None = None, advertise: str | None = None):
-        self.ctx = zmq.Context()
+                 succeeds: dict | None = None, fences: FenceStore | None = None, advertise: str | None = None,
+                 hollow: int = 0):
+        self.ctx = context(hollow * SOCKETS_PER_HOLLOW_PROC)
         self.creds = load_credentials()
         self.advertise = advertise or bind_host
         self.inbox = self._bind(bind_host, port, succeeds)
@@ -76,6 +78,11 @@ class HostAgent(_Adoption, _WarmPool):
         self.host_id = previous_id if isinstance(previous_id, str) and previous_id.isalnum() else uuid.uuid4().hex[:8]
         self.adopt_until = time.monotonic() + ADOPT_GRACE_S if succeeds else 0.0
         self.deferred: list[dict] = []  # spawn requests held while procs adopt this agent
+        self.hollow = None  # with --hollow K, the procs served inside this process (worker/hollow.py)
+        if hollow:
+            from regent.worker.hollow import HollowProcs
+
+            self.hollow = HollowProcs(hollow, self.ctx)
 
     def _bind(self, bind_host: str, port: int, succeeds: dict | None) -> Inbox:
         """The inbox, at the dead predecessor's address when free: controllers and journals
@@ -121,6 +128,8 @@ class HostAgent(_Adoption, _WarmPool):
     def shutdown(self) -> None:
         for sid in list(self.sessions):
             self._stop_session(sid)
+        if self.hollow is not None:
+            self.hollow.shutdown()
         self.inbox.close()
         self.outbox.close()
         stop_authenticator(self.ctx)
@@ -279,11 +288,13 @@ class HostAgent(_Adoption, _WarmPool):
                     req.refill = (envs, path)
             return
         try:  # a device binding this host cannot give fails the request before any proc starts
+            if self.hollow is not None and (why := self.hollow.refusal(count, envs[:count])):
+                raise ValueError(why)
             for e in envs[:count]:
                 _bound_env({**os.environ, **{k: str(v) for k, v in e.items() if isinstance(k, str)}})
         except ValueError as e:
             self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": meta.get("n"), "st": "err", "s": seq,
-                                                       "em": f"cannot bind procs to devices on this host: {e}"}))
+                                                       "em": f"cannot start procs on this host: {e}"}))
             return
         first = state.next_index
         procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path,
@@ -311,22 +322,23 @@ class HostAgent(_Adoption, _WarmPool):
         """Start a proc. `origin` (argv) names the request that started it, and with the agent's
         pid and the session's orphan timeout is what the proc tells a successor agent."""
         proc_id = f"{self.host_id}-{sid[:16]}-{index}-{uuid.uuid4().hex[:6]}"
-        env = _bound_env({**os.environ, **extra_env})
-        pypath = [p for p in path if isinstance(p, str)] + env.get("PYTHONPATH", "").split(os.pathsep)
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in pypath if p))
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "regent.worker.proc", "--session", sid, "--index", str(index),
-             "--id", proc_id, "--host-inbox", self.inbox.address, "--bind-host", self.bind_host,
-             "--advertise", self.advertise, "--host-pid", str(os.getpid()), "--orphan-s", repr(state.orphan_timeout_s),
-             "--epoch", str(state.fence.epoch), *origin],
-            env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        pidfd = os.pidfd_open(popen.pid)
-        proc = _Proc(proc_id, index, popen.pid, pidfd, popen)
+        path = [p for p in path if isinstance(p, str)]
+        argv = ["--session", sid, "--index", str(index), "--id", proc_id, "--host-inbox", self.inbox.address,
+                "--bind-host", self.bind_host, "--advertise", self.advertise, "--orphan-s",
+                repr(state.orphan_timeout_s), "--epoch", str(state.fence.epoch), *origin]
+        if self.hollow is not None:
+            proc: _Proc = self.hollow.start(proc_id, index, argv, path, extra_env)
+        else:
+            env = _bound_env({**os.environ, **extra_env})
+            pypath = path + env.get("PYTHONPATH", "").split(os.pathsep)
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in pypath if p))
+            popen = subprocess.Popen([sys.executable, "-m", "regent.worker.proc", *argv, "--host-pid", str(os.getpid())],
+                                     env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = _Proc(proc_id, index, popen.pid, os.pidfd_open(popen.pid), popen)
         state.procs[proc_id] = proc
         state.next_index = max(state.next_index, index + 1)
-        self.by_pidfd[pidfd] = (sid, proc)
-        log.info("proc started", session=sid, proc=proc_id, pid=popen.pid)
+        self.by_pidfd[proc.pidfd] = (sid, proc)
+        log.info("proc started", session=sid, proc=proc_id, pid=proc.pid, hollow=self.hollow is not None)
         return proc
 
     def _on_ready(self, meta: dict) -> None:
@@ -371,8 +383,13 @@ class HostAgent(_Adoption, _WarmPool):
         if not isinstance(env, dict):
             raise ProtocolError("respawn_proc env is not a map")
         env = _env_at([env], 0)
-        proc = self._take_warm(sid, state, index, env, old) or self._start_proc(
-            sid, state, index, env, meta.get("path") or [], ["--replaces", old])
+        try:
+            proc = self._take_warm(sid, state, index, env, old) or self._start_proc(
+                sid, state, index, env, meta.get("path") or [], ["--replaces", old])
+        except ValueError as e:  # a device binding this host cannot give, or a full hollow host
+            self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": n, "st": "err", "s": -1,
+                                                       "em": f"cannot start a proc on this host: {e}"}))
+            return
         state.respawns[old] = _SpawnRequest(sid, -1, identity, [proc], [(rt, n)], time.monotonic(), 1, index)
 
     def _stop_orphans(self) -> None:
@@ -501,7 +518,7 @@ def daemonize(log_path: str | None) -> None:
 
 def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0,
                 advertise: str | None = None,
-                on_serving: Callable[[HostAgent], Callable[[], None]] | None = None) -> None:
+                on_serving: Callable[[HostAgent], Callable[[], None]] | None = None, hollow: int = 0) -> None:
     """Run this machine's agent until it is stopped (SIGTERM) or idle: it takes over from a
     dead predecessor named by the host file, publishes itself there, and withdraws at the
     end. `on_serving(agent)` runs once it is bound (a cluster agent registers in the store
@@ -512,7 +529,7 @@ def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float 
     previous = discovery.host_record()
     if previous is not None and discovery.live_host_record() is not None:
         previous = None  # a live agent: nothing to take over
-    agent = HostAgent(bind_host, port, idle_exit_s, succeeds=previous, advertise=advertise)
+    agent = HostAgent(bind_host, port, idle_exit_s, succeeds=previous, advertise=advertise, hollow=hollow)
     discovery.publish(agent.inbox.address, agent.host_id)
     if previous is not None:
         log.warning("host agent restarted in place of a dead one; its procs will adopt this one",

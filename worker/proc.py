@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import collections
 import importlib
-import inspect
 import itertools
 import os
 import signal
@@ -48,9 +47,10 @@ from regent.wire.transport import (
 )
 from regent.worker._host_watch import _environment_of, _HostWatch
 from regent.worker._proc_answers import _Answers
+from regent.worker._proc_ending import CLOSE_S, _Ending
 from regent.worker._proc_out import _Outbound
 from regent.worker._proc_owners import SUPERVISE_ACTOR, _Owners
-from regent.worker._slot import _arguments, _cleanup_args, _how, _Run, _Slot
+from regent.worker._slot import _arguments, _how, _Run, _Slot
 from regent.worker.actor import (
     ActorContext,
     CallSite,
@@ -74,18 +74,17 @@ from regent.worker.shape import Point
 log = structlog.get_logger("regent.proc")
 
 READ_SLICE_S = 0.005  # the longest the reader spins for more calls before the loop runs again
-CLOSE_S = 2.0  # what a stopping proc gives its actors' cancelled calls and __cleanup__ (the agent's grace is 3 s)
-CLEANUP_S = 30.0  # the longest an async __cleanup__ may take (a stop waits for it)
 
 
-class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
+class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
     """host_pid: the agent that started this proc, watched so that its death is noticed
     (None: nothing watches). origin: what a successor agent needs to adopt this proc: the
     request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
 
     def __init__(self, session: str, index: int, proc_id: str, host_inbox: str, bind_host: str,
                  host_pid: int | None = None, origin: dict | None = None, epoch: int = 0,
-                 advertise: str | None = None):
+                 advertise: str | None = None, ctx: zmq.Context | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None):
         self.session = session
         self.index = index
         self.proc_id = proc_id
@@ -98,7 +97,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         self._adoption: asyncio.Task | None = None
         self._acks: dict[int, asyncio.Future] = {}
         self._ack_ids = itertools.count(1)
-        self.ctx = zmq.Context()
+        self.ctx = ctx or zmq.Context()  # a hollow host's procs share their agent's (worker/hollow.py)
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds, bind_host, advertise=advertise)
         self.outbox = Outbox(self.ctx, self.creds, max_peers=RECEIVER_MAX_PEERS)
@@ -117,7 +116,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         self._async_running = 0  # async endpoint calls in flight: the loop must run them
         self._closing: set[asyncio.Task] = set()  # actors' ends still cancelling calls or in __cleanup__
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop or asyncio.new_event_loop()
         self.output: OutputForwarder | None = None
         self.stopping = False
         self.dropped = 0
@@ -135,11 +134,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         self.loop.add_reader(self.inbox.sock.getsockopt(zmq.FD), self._on_readable)
         self.loop.add_signal_handler(signal.SIGTERM, self._begin_stop)
         self.loop.add_signal_handler(signal.SIGINT, self._begin_stop)
-        ready = wire.encode(
-            Kind.PROC_READY,
-            {"sid": self.session, "id": self.proc_id, "pid": os.getpid(), "addr": self.inbox.address},
-        )
-        self.outbox.peer(self.host_inbox).send(ready)
+        self._say_ready()
         self.loop.call_soon(self._on_readable)
         if self.host_pid is not None:
             self._watch_host(self.host_pid, parent=True)
@@ -155,6 +150,13 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
             stop_authenticator(self.ctx)
             self.ctx.destroy(linger=0)
 
+    def _say_ready(self) -> None:
+        ready = wire.encode(
+            Kind.PROC_READY,
+            {"sid": self.session, "id": self.proc_id, "pid": os.getpid(), "addr": self.inbox.address},
+        )
+        self.outbox.peer(self.host_inbox).send(ready)
+
     def _begin_stop(self) -> None:
         self.stopping = True
         self.loop.stop()
@@ -163,63 +165,12 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         """The proc is stopping: every actor's calls still running are cancelled (their callers
         learn of it from the proc's death, as of the calls still queued) and its __cleanup__
         runs, all within CLOSE_S."""
-        self.stopping = True
-        for slot in list(self.actors.values()):
-            del self.actors[slot.name]
-            slot.mailbox.clear()
-            if slot.children:  # best effort: this proc will not be there to send them again
-                self._stop_children(slot)
-            self._close(slot, "the proc stopped", None)
-        self._flush_out()
+        self._end_actors()
         if self._closing:
             try:
                 self.loop.run_until_complete(asyncio.wait(list(self._closing), timeout=CLOSE_S))
             except RuntimeError:  # a second SIGTERM stopped the loop again: stop now
                 pass
-
-    def _close(self, slot: _Slot, why: str, exc: BaseException | None) -> asyncio.Task | None:
-        """End an actor: cancel its calls still running (not the one ending it), then run its
-        __cleanup__(exc), awaited if async. Calls are answered as they end (_run_async). The
-        task that waits for them, if any is needed."""
-        slot.ended = why
-        me = asyncio.current_task(self.loop)
-        running = [t for t in slot.tasks if t is not me and not t.done()]
-        for t in running:
-            t.cancel()
-        hook = getattr(slot.instance, "__cleanup__", None)
-        if not running and (hook is None or not inspect.iscoroutinefunction(hook)):
-            self._cleanup(slot, hook, exc)  # the common case ends here, before the next message
-            return None
-        task = self.loop.create_task(self._close_later(slot, running, hook, exc))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-        return task
-
-    async def _close_later(self, slot: _Slot, running: list[asyncio.Task], hook: Any,
-                           exc: BaseException | None) -> None:
-        if running:
-            await asyncio.wait(running, timeout=CLOSE_S)  # a call may refuse to be cancelled
-        if hook is not None and inspect.iscoroutinefunction(hook):
-            token = _current.set(slot.ctx)
-            try:
-                await asyncio.wait_for(hook(*_cleanup_args(hook, exc)), CLEANUP_S)
-            except Exception:  # TimeoutError too: the actor is gone either way
-                log.exception("actor __cleanup__ raised", actor=slot.name)
-            finally:
-                _current.reset(token)
-        else:
-            self._cleanup(slot, hook, exc)
-
-    def _cleanup(self, slot: _Slot, hook: Any, exc: BaseException | None) -> None:
-        if hook is None:
-            return
-        token = _current.set(slot.ctx)
-        try:
-            hook(*_cleanup_args(hook, exc))
-        except Exception:
-            log.exception("actor __cleanup__ raised", actor=slot.name)
-        finally:
-            _current.reset(token)
 
     # --- receiving ---------------------------------------------------------------
 
@@ -245,6 +196,12 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         finally:
             self._reading = False
             self._flush_out()
+
+    def pump_once(self, wait_ms: int) -> None:
+        """Handle one message, waiting up to `wait_ms` for it (a sync endpoint waiting on a call)."""
+        sock = self.inbox.sock
+        if readable(sock) or sock.poll(max(1, wait_ms), zmq.POLLIN):
+            self.take_one()
 
     def take_one(self) -> bool:
         """Read one message from the inbox and handle it; False if there was none."""
@@ -423,38 +380,6 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
         if run is _Run.TASK and slot.ended is None:
             self._drain(slot)
 
-
-    def _fail(self, slot: _Slot, seq: int, point: int, method: str, e: BaseException, o: str = "") -> None:
-        """An endpoint raised a BaseException that is not an Exception (nor SystemExit or
-        KeyboardInterrupt, which stop the proc): the actor fails, as an abnormal exit. The
-        caller gets a SupervisionError, queued calls fail, and the mesh's restart policy applies."""
-        self._exit(slot, seq, point, ActorExit(f"{method} raised {type(e).__name__}: {e}", normal=False), e, o=o)
-
-    def _exit(self, slot: _Slot, seq: int, point: int, e: ActorExit, cause: BaseException | None = None,
-              o: str = "") -> None:
-        """The actor stopped itself: this call reports it, other calls fail, the actor is gone.
-        Its __cleanup__ gets what failed it (`cause`, else the ActorExit), or None if normal."""
-        kind = "normal" if e.normal else "abnormal"
-        self._finish(seq, slot.name, point, "exit", o=o, em=f"actor {slot.name} stopped ({kind}): {e.reason}",
-                     normal=e.normal)
-        if not e.normal:
-            self._tell_owner(slot, e.reason)
-        self._retire(slot, f"actor {slot.name} stopped ({kind})", None if e.normal else cause or e)
-
-    def _retire(self, slot: _Slot, why: str, exc: BaseException | None = None) -> asyncio.Task | None:
-        """Remove an actor: what waits in its mailbox fails as a supervision error ("<why> before
-        running this call"), as do its calls still running ("<why> while this call ran")."""
-        if self.actors.get(slot.name) is slot:
-            del self.actors[slot.name]
-        for seq, point, _, _, o, _ in slot.mailbox.clear():
-            self._finish(seq, slot.name, point, "dead", o=o, em=f"{why} before running this call")
-        for _, answer in self.ports.of_actor(slot.name):  # calls it would have answered through a port
-            answer(("gone", why))
-        if slot.children:
-            self._stop_children(slot)
-        return self._close(slot, why, exc)
-
-
     # --- spawn / stop ------------------------------------------------------------
 
     def _on_spawn(self, spawn: Deliver) -> None:
@@ -534,7 +459,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound):
     # --- sending -----------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="regent-proc", description="A regent proc (started by a host agent).")
     p.add_argument("--session", required=True)
     p.add_argument("--index", type=int, required=True)
@@ -553,11 +478,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epoch", type=int, default=0, help="the highest epoch its session had seen at the agent")
     p.add_argument("--warm", action="store_true", help="started ahead of need on a spare, for a proc not yet lost")
     p.add_argument("--preload", action="append", default=[], help="a module to import before saying it is ready")
-    a = p.parse_args(argv)
-    from regent.worker.logsetup import configure_logging
+    return p.parse_args(argv)
 
-    configure_logging()
-    preload(a.preload)
+
+def runtime_from(a: argparse.Namespace, make: type[ProcRuntime] = ProcRuntime, **edge: Any) -> ProcRuntime:
+    """The proc the agent's command line describes (`make`, `edge`: a hollow proc, worker/hollow.py)."""
     origin: dict[str, Any] = {"warm": True} if a.warm else {}
     if a.orphan_s is not None:
         origin["orphan_s"] = a.orphan_s
@@ -569,8 +494,17 @@ def main(argv: list[str] | None = None) -> None:
             origin["d"] = bytes.fromhex(a.spawn_digest)
         if a.spawn_origin:
             origin["o"] = a.spawn_origin
-    ProcRuntime(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch,
-                advertise=a.advertise).run()
+    return make(a.session, a.index, a.id, a.host_inbox, a.bind_host, a.host_pid, origin, a.epoch,
+                advertise=a.advertise, **edge)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    from regent.worker.logsetup import configure_logging
+
+    configure_logging()
+    preload(a.preload)
+    runtime_from(a).run()
     sys.exit(0)
 
 

@@ -13,6 +13,7 @@ each callee runs each call once.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +34,8 @@ from regent.worker.shape import Point, ValueMesh, point_of, select, size_of
 log = structlog.get_logger("regent.actor")
 
 _client: ActorClient | None = None  # this proc's, set when the proc starts
+# A hollow host's procs share one process (worker/hollow.py): each sets its own while it serves.
+serving_client: contextvars.ContextVar[ActorClient | None] = contextvars.ContextVar("regent_client", default=None)
 
 
 def install_client(client: ActorClient | None) -> None:
@@ -42,12 +45,13 @@ def install_client(client: ActorClient | None) -> None:
 
 def _site(what: str) -> tuple[ActorClient, CallSite]:
     site = _calling.get()
-    if _client is None or site is None:
+    client = serving_client.get() or _client
+    if client is None or site is None:
         raise RuntimeError(
             f"{what} can only be made by an actor, while it runs an endpoint or __init__: a mesh "
             "reference names no controller. In the controller program, call the mesh the session "
             "spawned (an ActorMesh), not a reference an actor sent back")
-    return _client, site
+    return client, site
 
 
 def _decode(meta: dict, payload: list, actor: str, method: str) -> Any:

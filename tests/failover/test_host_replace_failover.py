@@ -69,3 +69,35 @@ def test_a_standby_finishes_a_replacement_on_the_spare_the_primary_picked(own_ho
     assert 1 <= len(errors) <= 4 and all(reason in ("dead", "group") for _, _, reason in errors), errors
     if kill == "after":  # the primary re-formed the group: the standby found it formed
         assert sum(e["ev"] == "group_reformed" for e in events) == 1
+
+
+def test_a_mesh_over_hollow_and_real_hosts_goes_through_a_failover_running_every_call_once(
+        own_home, tmp_path: Path) -> None:
+    """Hollow hosts in a failover: the standby finds the hollow procs the primary spawned and
+    goes on; every step's calls ran once on each actor (counters never skip nor repeat)."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    steps, per_host = 16, 4
+    with loopback_agents(url, tmp_path, TTL_S) as add:
+        agents = add("h", hollow=per_host)
+        agents = add("r")
+        c = Cluster("hollow-failover", url, tmp_path, program="hollow_steps.py", steps=steps, ttl=TTL_S,
+                    extra_env={"REGENT_TEST_PROCS": str(per_host)})
+        c.start()
+        leader = c.wait_leader(1, timeout=60)
+        standby = c.start()
+        c.wait_standby()
+        c.wait_step(leader, 5, timeout=120)
+        os.kill(leader, signal.SIGKILL)
+        out, _ = standby.communicate(timeout=240)
+        assert standby.returncode == 0, c.log_tail()
+        result = json.loads(out.strip().splitlines()[-1])
+        assert agents["h"].poll() is None and agents["r"].poll() is None
+    assert [step for step, _, _ in result["seen"]] == list(range(steps))
+    for step, values, total in result["seen"]:
+        assert values == [step + 1] * 2 * per_host, (step, values)
+        assert total == (step + 1) * per_host, (step, total)
+    n, heard, pids = zip(*result["final"], strict=True)
+    assert n == (steps,) * 2 * per_host and heard == (steps,) * 2 * per_host
+    assert set(pids[:per_host]) == {agents["h"].pid}  # the hollow host's procs live in its agent
+    assert len(set(pids[per_host:])) == per_host and agents["r"].pid not in pids

@@ -20,10 +20,11 @@ from regent.journal.hosts import registered_hosts
 CLUSTER = "loop"
 
 
-def start_agent(url: str, name: str, logs: Path, ttl_s: float) -> subprocess.Popen:
+def start_agent(url: str, name: str, logs: Path, ttl_s: float, hollow: int = 0) -> subprocess.Popen:
+    """An agent; `hollow`: a hollow host of that many procs at most (`regent host --hollow`)."""
     return subprocess.Popen(
         [sys.executable, "-m", "regent.cli", "host", "--cluster", CLUSTER, "--store", url, "--advertise",
-         "127.0.0.1", "--name", name, "--ttl", str(ttl_s)],
+         "127.0.0.1", "--name", name, "--ttl", str(ttl_s), *(["--hollow", str(hollow)] if hollow else [])],
         stdout=open(logs / f"agent-{name}.log", "a"), stderr=subprocess.STDOUT)
 
 
@@ -41,12 +42,13 @@ def wait_registered(url: str, names: list[str], timeout_s: float = 30.0) -> None
 
 @contextmanager
 def loopback_agents(url: str, logs: Path, ttl_s: float) -> Iterator[Callable[..., dict[str, subprocess.Popen]]]:
-    """add("a", "b"): more agents, registered; every agent is gone (procs too) at exit."""
+    """add("a", "b"): more agents, registered; every agent is gone (procs too) at exit.
+    add("h", hollow=8): a hollow one."""
     agents: dict[str, subprocess.Popen] = {}
 
-    def add(*names: str) -> dict[str, subprocess.Popen]:
+    def add(*names: str, hollow: int = 0) -> dict[str, subprocess.Popen]:
         for name in names:
-            agents[name] = start_agent(url, name, logs, ttl_s)
+            agents[name] = start_agent(url, name, logs, ttl_s, hollow)
         wait_registered(url, list(names))
         return agents
 

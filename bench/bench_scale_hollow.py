@@ -1,0 +1,249 @@
+"""The controller at a thousand procs and beyond, on hollow hosts (issue #30). No root.
+
+    .venv/bin/python bench/bench_scale_hollow.py [--sizes 64,256,1024] [--per-host 8]
+        [--calibrate 64,128] [--json-out FILE]
+
+Hollow hosts are `regent host --cluster C --hollow K` agents on loopback, registered in an
+SQLite store: each serves its spawns with procs inside its own process (the real proc core,
+actors and sockets, without a process, torch or GPU of their own), as kubemark's hollow nodes
+run the real kubelet. The controller is this process. For each size (procs, PER_HOST per host)
+one session measures: spawn time (procs, then one actor per proc), `call()` on every actor
+(p50 over --calls rounds), broadcast deliveries/s and this process's CPU per delivery (median of
+--repeats phases of --broadcasts broadcasts and one call), the controller's RSS, and the journal
+bytes of one mesh-wide `call()` (the SQLite store's log rows, before and after --calls calls).
+
+Calibration, so the hollow figures mean something: at each --calibrate size the same loops run
+on real procs (one `regent host --cluster` agent per host, procs as processes) and on hollow
+ones, in one run; the controller's CPU per delivery of the two should lie within 1.3x.
+
+Targets (printed, never asserted): CPU per delivery at the largest size within 1.5x that at
+the smallest; call() p50 at 1,024 procs within 4x that at 64; broadcast deliveries/s at 1,024
+at least 0.8x that at 64; 1,024 procs spawned in at most 20 s; controller RSS at 4,096 procs at
+most 1 GiB; hollow and real CPU per delivery within 1.3x at each calibrated size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench_core import cpu_seconds, latency_stats, note, run_and_report  # noqa: E402
+
+from regent.controller import Session  # noqa: E402
+from regent.journal import open_journal  # noqa: E402
+from regent.journal.hosts import registered_hosts  # noqa: E402
+from regent.worker import Actor, endpoint  # noqa: E402
+
+LEASE_TTL_S = 15.0  # a 2-core machine starting a hundred agents can stall a renewal
+HOST_TTL_S = 30.0
+
+
+class Noop(Actor):
+    @endpoint
+    def noop(self, i: int = 0) -> int:
+        return i
+
+
+class Hosts:
+    """Cluster agents on loopback: `hollow` K > 0 makes hollow ones."""
+
+    def __init__(self, work: Path, url: str, cluster: str, hollow: int) -> None:
+        self.work, self.url, self.cluster, self.hollow = work, url, cluster, hollow
+        self.agents: list[subprocess.Popen] = []
+
+    def grow(self, count: int, timeout_s: float = 600.0) -> float:
+        """Start agents until `count` are registered; the seconds it took."""
+        t0 = time.perf_counter()
+        while len(self.agents) < count:
+            name = f"{'h' if self.hollow else 'r'}{len(self.agents):04d}"
+            self.agents.append(subprocess.Popen(
+                [sys.executable, "-m", "regent.cli", "host", "--cluster", self.cluster, "--store", self.url,
+                 "--advertise", "127.0.0.1", "--name", name, "--ttl", str(HOST_TTL_S),
+                 *(["--hollow", str(self.hollow)] if self.hollow else [])],
+                stdout=open(self.work / f"agent-{name}.log", "w"), stderr=subprocess.STDOUT))
+        j = open_journal(self.url)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while len(registered_hosts(j.backend, self.cluster)) < count:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{count} agents of {self.cluster} did not register in {timeout_s:g} s")
+                time.sleep(0.2)
+        finally:
+            j.close()
+        return time.perf_counter() - t0
+
+    def rss_mib(self) -> float:
+        """Resident memory of every agent and every proc it started."""
+        total = 0
+        for a in self.agents:
+            try:
+                p = psutil.Process(a.pid)
+                total += p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+            except psutil.Error:
+                pass
+        return total / 2**20
+
+    def close(self) -> None:
+        for a in self.agents:
+            a.terminate()
+        for a in self.agents:
+            try:
+                a.wait(30)
+            except subprocess.TimeoutExpired:
+                a.kill()
+
+
+def journal_bytes(db: Path, session: str) -> int:
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT coalesce(sum(length(body)), 0) FROM log WHERE session = ?", (session,)).fetchone()[0]
+
+
+def broadcast_phase(actors: Any, procs: int, broadcasts: int) -> tuple[float, float]:
+    """(deliveries/s, this process's CPU µs per delivery) of `broadcasts` broadcasts and a call."""
+    deliveries = (broadcasts + 1) * procs
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    for i in range(broadcasts):
+        actors.noop.broadcast(i)
+    actors.noop.call().get(timeout=600)
+    return deliveries / (time.perf_counter() - t0), (cpu_seconds() - cpu0) / deliveries * 1e6
+
+
+def measure(hosts: Hosts, db: Path, procs: int, per_host: int, calls: int, broadcasts: int,
+            repeats: int) -> dict[str, Any]:
+    n_hosts = procs // per_host
+    name = f"scale-{procs}-{uuid.uuid4().hex[:6]}"
+    with Session(name, journal=hosts.url, lease_ttl_s=LEASE_TTL_S) as s:
+        t0 = time.perf_counter()
+        mesh = s.host_mesh(hosts=n_hosts, cluster=hosts.cluster).spawn_procs(per_host={"procs": per_host})
+        spawned_procs = time.perf_counter() - t0
+        actors = mesh.spawn("n", Noop)
+        spawn_s = time.perf_counter() - t0
+        actors.noop.call().get(timeout=600)  # every link warm
+        before = journal_bytes(db, name)
+        lat = []
+        for i in range(calls):
+            t = time.perf_counter_ns()
+            actors.noop.call(i).get(timeout=600)
+            lat.append(time.perf_counter_ns() - t)
+        s.now()  # what the calls journaled is durable, so counted below
+        per_call = (journal_bytes(db, name) - before) / calls
+        rates, cpus = zip(*(broadcast_phase(actors, procs, broadcasts) for _ in range(repeats)), strict=True)
+        rss = psutil.Process().memory_info().rss / 2**20
+        return {"procs": procs, "hosts": n_hosts, "hollow": hosts.hollow > 0,
+                "spawn_procs_s": round(spawned_procs, 2), "spawn_s": round(spawn_s, 2),
+                "call_all": latency_stats(lat), "broadcast_deliveries_per_s": round(statistics.median(rates)),
+                "cpu_us_per_delivery": round(statistics.median(cpus), 2),
+                "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
+                "controller_rss_mib": round(rss, 1), "journal_bytes_per_call_all": round(per_call),
+                "hosts_rss_mib": round(hosts.rss_mib(), 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="64,256,1024", help="proc counts, each a multiple of --per-host")
+    p.add_argument("--per-host", type=int, default=8)
+    p.add_argument("--calibrate", default="64,128", help="sizes measured on real procs too ('' for none)")
+    p.add_argument("--calls", type=int, default=20, help="call() rounds per size")
+    p.add_argument("--broadcasts", type=int, default=100, help="broadcasts per phase")
+    p.add_argument("--repeats", type=int, default=3, help="broadcast phases per size (the median is the figure)")
+    p.add_argument("--json-out", type=Path)
+    args = p.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    calibrate = [int(x) for x in args.calibrate.split(",") if x]
+    if any(n % args.per_host for n in sizes + calibrate):
+        p.error(f"every size must be a multiple of --per-host {args.per_host}")
+
+    def run() -> dict[str, Any]:
+        report: dict[str, Any] = {"bench": "scale_hollow", "sizes": sizes, "per_host": args.per_host,
+                                  "machine": {"cpus": os.cpu_count(),
+                                              "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)}}
+        work = Path(tempfile.mkdtemp(prefix="regent-bench-hollow-"))
+        home = work / "home"
+        home.mkdir(mode=0o700)
+        os.environ["REGENT_HOME"] = str(home)
+        os.environ["REGENT_HIPCORE_BACKEND"] = "cpu"
+        from regent.wire.security import init_keys
+
+        init_keys()
+        db = work / "journal.db"
+        url = f"sqlite://{db}"
+        hollow = Hosts(work, url, "hollow", args.per_host)
+        real = Hosts(work, url, "real", 0)
+        try:
+            report["calibration"] = []
+            for n in calibrate:
+                note(f"calibration: {n} procs, real and hollow")
+                real.grow(n // args.per_host)
+                hollow.grow(n // args.per_host)
+                pair = {kind: measure(h, db, n, args.per_host, args.calls, args.broadcasts, args.repeats)
+                        for kind, h in (("real", real), ("hollow", hollow))}
+                pair["cpu_ratio_hollow_to_real"] = round(pair["hollow"]["cpu_us_per_delivery"]
+                                                         / pair["real"]["cpu_us_per_delivery"], 3)
+                report["calibration"].append({"procs": n, **pair})
+            real.close()
+            report["sizes_measured"] = []
+            for n in sizes:
+                note(f"{n} hollow procs over {n // args.per_host} hosts")
+                try:
+                    start_s = hollow.grow(n // args.per_host)
+                    m = measure(hollow, db, n, args.per_host, args.calls, args.broadcasts, args.repeats)
+                    report["sizes_measured"].append({**m, "agents_started_s": round(start_s, 1)})
+                except Exception as e:  # say where it stops (memory, time), go on with the rest
+                    report["sizes_measured"].append({"procs": n, "error": f"{type(e).__name__}: {e}"[:500]})
+                note(str(report["sizes_measured"][-1]))
+        finally:
+            real.close()
+            hollow.close()
+        report["targets"] = targets(report)
+        return report
+
+    def summary(report: dict[str, Any]) -> None:
+        for t in report.get("targets", []):
+            note(f"{t['figure']}: {t['value']} (target {t['op']} {t['bound']}: {'met' if t['met'] else 'NOT met'})")
+
+    run_and_report(run, summary, args.json_out)
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    by = {m["procs"]: m for m in report.get("sizes_measured", []) if "error" not in m}
+    out = []
+
+    def add(figure: str, value: float | None, op: str, bound: float) -> None:
+        met = value is not None and (value <= bound if op == "<=" else value >= bound)
+        out.append({"figure": figure, "value": value, "op": op, "bound": bound, "met": met})
+
+    for c in report.get("calibration", []):
+        ratio = c["cpu_ratio_hollow_to_real"]
+        add(f"cpu_per_delivery_hollow_over_real_at_{c['procs']}", ratio, "<=", 1.3)
+        add(f"cpu_per_delivery_real_over_hollow_at_{c['procs']}", round(1 / ratio, 3), "<=", 1.3)
+    if by:
+        small, large = by[min(by)], by[max(by)]
+        add(f"cpu_per_delivery_{large['procs']}_over_{small['procs']}",
+            round(large["cpu_us_per_delivery"] / small["cpu_us_per_delivery"], 3), "<=", 1.5)
+    if 64 in by and 1024 in by:
+        add("call_all_p50_1024_over_64", round(by[1024]["call_all"]["p50"] / by[64]["call_all"]["p50"], 3), "<=", 4.0)
+        add("broadcast_rate_1024_over_64", round(by[1024]["broadcast_deliveries_per_s"]
+                                                 / by[64]["broadcast_deliveries_per_s"], 3), ">=", 0.8)
+    if 1024 in by:
+        add("spawn_1024_procs_s", by[1024]["spawn_procs_s"], "<=", 20.0)
+    if 4096 in by:
+        add("controller_rss_at_4096_mib", by[4096]["controller_rss_mib"], "<=", 1024.0)
+    return out
+
+
+if __name__ == "__main__":
+    main()
