@@ -152,6 +152,44 @@ def measure(hosts: Hosts, db: Path, procs: int, per_host: int, calls: int, broad
                 "hosts_rss_mib": round(hosts.rss_mib(), 1)}
 
 
+def takeover(hosts: Hosts, work: Path, procs: int, per_host: int, runs: int, ttl: float) -> dict[str, Any]:
+    """SIGKILL of a primary calling every actor in a loop -> first call() its standby completes
+    live (bench/programs/failover_loop.py as both), `runs` times."""
+    from bench_failover import Programs, find_mark, program_env, wait_for
+
+    programs = Programs(work)
+    out = []
+    try:
+        for r in range(runs):
+            session = f"takeover-{procs}-{r}-{uuid.uuid4().hex[:4]}"
+            marks = work / f"{session}.marks"
+            env = program_env(session, hosts.url, ttl, marks, BENCH_PACE_S="0.05", BENCH_LIVE_AFTER="3",
+                              BENCH_CLUSTER=hosts.cluster, BENCH_HOSTS=str(procs // per_host),
+                              BENCH_PER_HOST=str(per_host))
+            logs = [work / f"{session}.{k}.log" for k in range(2)]
+            started = [programs.start(env, log) for log in logs]
+            first = wait_for(lambda m=marks: find_mark(m, "live", standby=False), 600, "no primary went live")
+            primary = next(p for p in started if p.pid == first["pid"])
+            standby = next(p for p in started if p is not primary)
+            log = logs[started.index(standby)]
+            wait_for(lambda g=log: "standing by" in g.read_text() or None, 120, "no standby")
+            time.sleep(1.0)
+            killed_at = time.time()
+            os.kill(primary.pid, 9)
+            live = wait_for(lambda m=marks, s=standby: find_mark(m, "live", s.pid), 300, "the standby never went live")
+            lead = find_mark(marks, "lead", standby.pid)
+            standby.wait(120)
+            programs.reap(started)
+            out.append({"total_s": round(live["at"] - killed_at, 3),
+                        "lease_wait_s": round(lead["leader_at"] - killed_at, 3),
+                        "takeover_s": round(live["at"] - lead["leader_at"], 3)})
+            note(f"takeover {r}: {out[-1]}")
+    finally:
+        programs.close()
+    return {"procs": procs, "hosts": procs // per_host, "lease_ttl_s": ttl, "runs": out,
+            "total_s_p50": round(statistics.median(o["total_s"] for o in out), 3)}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="64,256,1024", help="proc counts, each a multiple of --per-host")
@@ -160,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=20, help="call() rounds per size")
     p.add_argument("--broadcasts", type=int, default=100, help="broadcasts per phase")
     p.add_argument("--repeats", type=int, default=3, help="broadcast phases per size (the median is the figure)")
+    p.add_argument("--takeover", type=int, default=1024, help="procs of the takeover figure (0: none)")
+    p.add_argument("--takeover-runs", type=int, default=5)
+    p.add_argument("--takeover-ttl", type=float, default=1.0, help="the controllers' lease TTL there")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",") if x]
@@ -205,6 +246,14 @@ def main(argv: list[str] | None = None) -> None:
                 except Exception as e:  # say where it stops (memory, time), go on with the rest
                     report["sizes_measured"].append({"procs": n, "error": f"{type(e).__name__}: {e}"[:500]})
                 note(str(report["sizes_measured"][-1]))
+            if args.takeover:
+                note(f"takeover at {args.takeover} hollow procs")
+                try:
+                    hollow.grow(args.takeover // args.per_host)
+                    report["takeover"] = takeover(hollow, work, args.takeover, args.per_host, args.takeover_runs,
+                                                  args.takeover_ttl)
+                except Exception as e:
+                    report["takeover"] = {"procs": args.takeover, "error": f"{type(e).__name__}: {e}"[:500]}
         finally:
             real.close()
             hollow.close()
@@ -240,6 +289,9 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                                                  / by[64]["broadcast_deliveries_per_s"], 3), ">=", 0.8)
     if 1024 in by:
         add("spawn_1024_procs_s", by[1024]["spawn_procs_s"], "<=", 20.0)
+    t = report.get("takeover", {})
+    if "total_s_p50" in t:
+        add(f"sigkill_to_first_standby_call_{t['procs']}_procs_p50_s", t["total_s_p50"], "<=", 2.0)
     if 4096 in by:
         add("controller_rss_at_4096_mib", by[4096]["controller_rss_mib"], "<=", 1024.0)
     return out

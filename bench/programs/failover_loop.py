@@ -69,7 +69,11 @@ def main() -> None:
         took_over = s.waited or s.replaying
         mark(cfg, "lead", leader_at=leader_at, returned_at=returned, standby=took_over,
              replaying=s.replaying)
-        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("noop", Noop)
+        cluster = os.environ.get("BENCH_CLUSTER")
+        if cluster:  # a mesh over the cluster's hosts; each step a call() on every actor
+            hosts = s.host_mesh(hosts=int(os.environ["BENCH_HOSTS"]), cluster=cluster)
+            wide = hosts.spawn_procs(per_host={"procs": int(os.environ["BENCH_PER_HOST"])}).spawn("noop", Noop)
+        mesh = wide if cluster else s.spawn_procs(per_host={"procs": 1}).spawn("noop", Noop)
         one = mesh.slice(procs=0)
         if cfg.calls > 0:
             done = 0
@@ -97,7 +101,10 @@ def main() -> None:
         replay_done = returned
         live = 0
         while True:
-            one.noop.call_one(i).get()
+            if cluster:
+                mesh.noop.call(i).get(timeout=300)
+            else:
+                one.noop.call_one(i).get()
             i += 1
             if s.replaying:
                 replay_done = time.time()

@@ -165,3 +165,32 @@ def test_a_killed_hollow_agent_is_a_lost_host(hollow_cluster) -> None:
                 e.slice(hosts=0).incr.call().get(timeout=10)
                 time.sleep(0.1)
         assert e.slice(hosts=1).incr.call().get().values() == [2] * 4
+
+
+def test_a_mesh_wide_call_reaches_1024_hollow_procs(own_home, tmp_path: Path) -> None:
+    """The smoke test of the control plane at a thousand procs (the curves are bench/
+    bench_scale_hollow.py's): 8 hollow hosts of 128 procs, one actor each, a call() and a
+    broadcast to all of them, each delivered once."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    hosts, per_host = 8, 128
+    agents = [_start(url, f"h{i}", tmp_path / f"agent-h{i}.log", hollow=per_host) for i in range(hosts)]
+    try:
+        j = open_journal(url)
+        deadline = time.monotonic() + 120
+        while len(registered_hosts(j.backend, "hollow")) < hosts:
+            assert time.monotonic() < deadline, "the hollow agents did not register"
+            time.sleep(0.1)
+        j.close()
+        with Session("hollow-1024", journal=url, lease_ttl_s=10) as s:
+            procs = s.host_mesh(hosts=hosts, cluster="hollow").spawn_procs(per_host={"procs": per_host})
+            e = procs.spawn("e", Echo)
+            assert e.incr.call().get(timeout=120).values() == [1] * hosts * per_host
+            e.incr.broadcast()
+            assert e.incr.call().get(timeout=120).values() == [3] * hosts * per_host
+            assert sorted(set(e.pid.call().get(timeout=120).values())) == sorted(a.pid for a in agents)
+    finally:
+        for a in agents:
+            a.terminate()
+        for a in agents:
+            a.wait(30)
