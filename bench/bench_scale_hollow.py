@@ -3,14 +3,16 @@
     .venv/bin/python bench/bench_scale_hollow.py [--sizes 64,256,1024] [--per-host 8]
         [--calibrate 64,128] [--json-out FILE]
 
-Hollow hosts are `regent host --cluster C --hollow K` agents on loopback, registered in an
-SQLite store: each serves its spawns with procs inside its own process (the real proc core,
+Hollow hosts are `regent host --cluster C --hollow K` agents on loopback, registered in a
+private etcd (--store sqlite: an SQLite file), which is the journal too: each serves its spawns with procs inside its own process (the real proc core,
 actors and sockets, without a process, torch or GPU of their own), as kubemark's hollow nodes
 run the real kubelet. The controller is this process. For each size (procs, PER_HOST per host)
 one session measures: spawn time (procs, then one actor per proc), `call()` on every actor
 (p50 over --calls rounds), broadcast deliveries/s and this process's CPU per delivery (median of
 --repeats phases of --broadcasts broadcasts and one call), the controller's RSS, and the journal
-bytes of one mesh-wide `call()` (the SQLite store's log rows, before and after --calls calls).
+bytes of one mesh-wide `call()` (the store's log, before and after --calls calls). Then, with
+--takeover N, SIGKILL of a primary calling every actor of an N-proc mesh in a loop -> the first
+call() its standby completes (bench/programs/failover_loop.py as both), --takeover-runs times.
 
 Calibration, so the hollow figures mean something: at each --calibrate size the same loops run
 on real procs (one `regent host --cluster` agent per host, procs as processes) and on hollow
@@ -19,14 +21,15 @@ ones, in one run; the controller's CPU per delivery of the two should lie within
 Targets (printed, never asserted): CPU per delivery at the largest size within 1.5x that at
 the smallest; call() p50 at 1,024 procs within 4x that at 64; broadcast deliveries/s at 1,024
 at least 0.8x that at 64; 1,024 procs spawned in at most 20 s; controller RSS at 4,096 procs at
-most 1 GiB; hollow and real CPU per delivery within 1.3x at each calibrated size.
+most 1 GiB; hollow and real CPU per delivery within 1.3x at each calibrated size; SIGKILL ->
+first standby call at 1,024 procs within 2 s, p50.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -42,13 +45,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench_core import cpu_seconds, latency_stats, note, run_and_report  # noqa: E402
+from bench_failover import etcd_server, fast_election_etcd  # noqa: E402
 
 from regent.controller import Session  # noqa: E402
 from regent.journal import open_journal  # noqa: E402
 from regent.journal.hosts import registered_hosts  # noqa: E402
 from regent.worker import Actor, endpoint  # noqa: E402
 
-LEASE_TTL_S = 15.0  # a 2-core machine starting a hundred agents can stall a renewal
+# 128 real procs starting on 2 cores starve etcd past a 15 s lease: the bench measures the
+# controller's costs, not a deposed controller. The hosts run at the lowest priority for the
+# same reason: a hundred busy agents at nice 0 leave etcd a few percent of the CPU.
+LEASE_TTL_S = 60.0
+HOSTS_NICE = 19
 HOST_TTL_S = 30.0
 
 
@@ -71,7 +79,7 @@ class Hosts:
         while len(self.agents) < count:
             name = f"{'h' if self.hollow else 'r'}{len(self.agents):04d}"
             self.agents.append(subprocess.Popen(
-                [sys.executable, "-m", "regent.cli", "host", "--cluster", self.cluster, "--store", self.url,
+                ["nice", "-n", str(HOSTS_NICE), sys.executable, "-m", "regent.cli", "host", "--cluster", self.cluster, "--store", self.url,
                  "--advertise", "127.0.0.1", "--name", name, "--ttl", str(HOST_TTL_S),
                  *(["--hollow", str(self.hollow)] if self.hollow else [])],
                 stdout=open(self.work / f"agent-{name}.log", "w"), stderr=subprocess.STDOUT))
@@ -107,9 +115,13 @@ class Hosts:
                 a.kill()
 
 
-def journal_bytes(db: Path, session: str) -> int:
-    with sqlite3.connect(db) as c:
-        return c.execute("SELECT coalesce(sum(length(body)), 0) FROM log WHERE session = ?", (session,)).fetchone()[0]
+def journal_bytes(url: str, session: str) -> int:
+    """What the session's log holds, in bytes, as the store keeps it."""
+    j = open_journal(url)
+    try:
+        return sum(len(body) for _, body in j.backend.iter_batches(session))
+    finally:
+        j.close()
 
 
 def broadcast_phase(actors: Any, procs: int, broadcasts: int) -> tuple[float, float]:
@@ -122,7 +134,7 @@ def broadcast_phase(actors: Any, procs: int, broadcasts: int) -> tuple[float, fl
     return deliveries / (time.perf_counter() - t0), (cpu_seconds() - cpu0) / deliveries * 1e6
 
 
-def measure(hosts: Hosts, db: Path, procs: int, per_host: int, calls: int, broadcasts: int,
+def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int,
             repeats: int) -> dict[str, Any]:
     n_hosts = procs // per_host
     name = f"scale-{procs}-{uuid.uuid4().hex[:6]}"
@@ -133,14 +145,14 @@ def measure(hosts: Hosts, db: Path, procs: int, per_host: int, calls: int, broad
         actors = mesh.spawn("n", Noop)
         spawn_s = time.perf_counter() - t0
         actors.noop.call().get(timeout=600)  # every link warm
-        before = journal_bytes(db, name)
+        before = journal_bytes(hosts.url, name)
         lat = []
         for i in range(calls):
             t = time.perf_counter_ns()
             actors.noop.call(i).get(timeout=600)
             lat.append(time.perf_counter_ns() - t)
         s.now()  # what the calls journaled is durable, so counted below
-        per_call = (journal_bytes(db, name) - before) / calls
+        per_call = (journal_bytes(hosts.url, name) - before) / calls
         rates, cpus = zip(*(broadcast_phase(actors, procs, broadcasts) for _ in range(repeats)), strict=True)
         rss = psutil.Process().memory_info().rss / 2**20
         return {"procs": procs, "hosts": n_hosts, "hollow": hosts.hollow > 0,
@@ -168,7 +180,7 @@ def takeover(hosts: Hosts, work: Path, procs: int, per_host: int, runs: int, ttl
                               BENCH_PER_HOST=str(per_host))
             logs = [work / f"{session}.{k}.log" for k in range(2)]
             started = [programs.start(env, log) for log in logs]
-            first = wait_for(lambda m=marks: find_mark(m, "live", standby=False), 600, "no primary went live")
+            first = wait_for(lambda m=marks: find_mark(m, "live", standby=False), 300, "no primary went live")
             primary = next(p for p in started if p.pid == first["pid"])
             standby = next(p for p in started if p is not primary)
             log = logs[started.index(standby)]
@@ -201,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--takeover", type=int, default=1024, help="procs of the takeover figure (0: none)")
     p.add_argument("--takeover-runs", type=int, default=5)
     p.add_argument("--takeover-ttl", type=float, default=1.0, help="the controllers' lease TTL there")
+    p.add_argument("--store", choices=["etcd", "sqlite"], default="etcd",
+                   help="the journal and host registry (etcd, as in production, when installed)")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",") if x]
@@ -220,28 +234,39 @@ def main(argv: list[str] | None = None) -> None:
         from regent.wire.security import init_keys
 
         init_keys()
-        db = work / "journal.db"
-        url = f"sqlite://{db}"
+        with contextlib.ExitStack() as stack:
+            etcd = None if args.store == "sqlite" else stack.enter_context(etcd_server(fast_election_etcd))
+            url = etcd.url if etcd is not None else f"sqlite://{work / 'journal.db'}"
+            report["store"] = url.split(":", 1)[0]
+            measure_all(report, work, url)
+        report["targets"] = targets(report)
+        return report
+
+    def measure_all(report: dict[str, Any], work: Path, url: str) -> None:
         hollow = Hosts(work, url, "hollow", args.per_host)
         real = Hosts(work, url, "real", 0)
         try:
             report["calibration"] = []
             for n in calibrate:
                 note(f"calibration: {n} procs, real and hollow")
-                real.grow(n // args.per_host)
-                hollow.grow(n // args.per_host)
-                pair = {kind: measure(h, db, n, args.per_host, args.calls, args.broadcasts, args.repeats)
-                        for kind, h in (("real", real), ("hollow", hollow))}
-                pair["cpu_ratio_hollow_to_real"] = round(pair["hollow"]["cpu_us_per_delivery"]
-                                                         / pair["real"]["cpu_us_per_delivery"], 3)
-                report["calibration"].append({"procs": n, **pair})
+                try:
+                    real.grow(n // args.per_host)
+                    hollow.grow(n // args.per_host)
+                    pair = {kind: measure(h, n, args.per_host, args.calls, args.broadcasts, args.repeats)
+                            for kind, h in (("real", real), ("hollow", hollow))}
+                    pair["cpu_ratio_hollow_to_real"] = round(pair["hollow"]["cpu_us_per_delivery"]
+                                                             / pair["real"]["cpu_us_per_delivery"], 3)
+                    report["calibration"].append({"procs": n, **pair})
+                    note(str(report["calibration"][-1]))
+                except Exception as e:
+                    report["calibration"].append({"procs": n, "error": f"{type(e).__name__}: {e}"[:500]})
             real.close()
             report["sizes_measured"] = []
             for n in sizes:
                 note(f"{n} hollow procs over {n // args.per_host} hosts")
                 try:
                     start_s = hollow.grow(n // args.per_host)
-                    m = measure(hollow, db, n, args.per_host, args.calls, args.broadcasts, args.repeats)
+                    m = measure(hollow, n, args.per_host, args.calls, args.broadcasts, args.repeats)
                     report["sizes_measured"].append({**m, "agents_started_s": round(start_s, 1)})
                 except Exception as e:  # say where it stops (memory, time), go on with the rest
                     report["sizes_measured"].append({"procs": n, "error": f"{type(e).__name__}: {e}"[:500]})
@@ -257,8 +282,6 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             real.close()
             hollow.close()
-        report["targets"] = targets(report)
-        return report
 
     def summary(report: dict[str, Any]) -> None:
         for t in report.get("targets", []):
@@ -276,6 +299,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"figure": figure, "value": value, "op": op, "bound": bound, "met": met})
 
     for c in report.get("calibration", []):
+        if "error" in c:
+            continue
         ratio = c["cpu_ratio_hollow_to_real"]
         add(f"cpu_per_delivery_hollow_over_real_at_{c['procs']}", ratio, "<=", 1.3)
         add(f"cpu_per_delivery_real_over_hollow_at_{c['procs']}", round(1 / ratio, 3), "<=", 1.3)

@@ -179,7 +179,7 @@ class HollowProcs:
         """Why `count` more procs with environments `envs` cannot start here (None: they can)."""
         if any(str(e.get("REGENT_PROC_DIM")) == "gpus" for e in envs):
             return "a hollow host has no GPUs: spawn meshes with a 'gpus' dimension on real hosts"
-        live = sum(not p.exited for p in self.procs.values())
+        live = sum(not p.exited for p in list(self.procs.values()))  # list(): one step, as the hollow thread pops
         if live + count > self.limit:
             return (f"this hollow host serves at most {self.limit} procs and has {live}: start it with a "
                     f"larger --hollow, or add hollow hosts")

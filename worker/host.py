@@ -76,7 +76,8 @@ class HostAgent(_Adoption, _WarmPool):
         self.running = True
         previous_id = (succeeds or {}).get("host")
         self.host_id = previous_id if isinstance(previous_id, str) and previous_id.isalnum() else uuid.uuid4().hex[:8]
-        self.adopt_until = time.monotonic() + ADOPT_GRACE_S if succeeds else 0.0
+        # A dead hollow agent's procs died with it: none will come to be adopted.
+        self.adopt_until = time.monotonic() + ADOPT_GRACE_S if succeeds and not hollow else 0.0
         self.deferred: list[dict] = []  # spawn requests held while procs adopt this agent
         self.hollow = None  # with --hollow K, the procs served inside this process (worker/hollow.py)
         if hollow:
