@@ -9,7 +9,8 @@ actors and sockets, without a process, torch or GPU of their own), as kubemark's
 run the real kubelet. The controller is this process. For each size (procs, PER_HOST per host)
 one session measures: spawn time (procs, then one actor per proc), `call()` on every actor
 (p50 over --calls rounds), broadcast deliveries/s and this process's CPU per delivery (median of
---repeats phases of --broadcasts broadcasts and one call), the controller's RSS, and the journal
+--repeats phases of --broadcasts broadcasts and one call), the controller's RSS (once spawned and
+at the end), and the journal
 bytes of one mesh-wide `call()` (the store's log, before and after --calls calls). Then, with
 --takeover N, SIGKILL of a primary calling every actor of an N-proc mesh in a loop -> the first
 call() its standby completes (bench/programs/failover_loop.py as both), --takeover-runs times.
@@ -145,6 +146,7 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
         actors = mesh.spawn("n", Noop)
         spawn_s = time.perf_counter() - t0
         actors.noop.call().get(timeout=600)  # every link warm
+        rss_spawned = psutil.Process().memory_info().rss / 2**20
         before = journal_bytes(hosts.url, name)
         lat = []
         for i in range(calls):
@@ -160,7 +162,8 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
                 "call_all": latency_stats(lat), "broadcast_deliveries_per_s": round(statistics.median(rates)),
                 "cpu_us_per_delivery": round(statistics.median(cpus), 2),
                 "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
-                "controller_rss_mib": round(rss, 1), "journal_bytes_per_call_all": round(per_call),
+                "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
+                "journal_bytes_per_call_all": round(per_call),
                 "hosts_rss_mib": round(hosts.rss_mib(), 1)}
 
 
