@@ -288,14 +288,15 @@ class HostAgent(_Adoption, _WarmPool):
                 if len(req.procs) < req.size:  # adopted in part: the rest died with the old agent
                     req.refill = (envs, path)
             return
+        why = self.hollow.refusal(count, envs[:count]) if self.hollow is not None else None
         try:  # a device binding this host cannot give fails the request before any proc starts
-            if self.hollow is not None and (why := self.hollow.refusal(count, envs[:count])):
-                raise ValueError(why)
-            for e in envs[:count]:
+            for e in envs[:count] if why is None else ():
                 _bound_env({**os.environ, **{k: str(v) for k, v in e.items() if isinstance(k, str)}})
         except ValueError as e:
+            why = f"cannot bind procs to devices on this host: {e}"
+        if why is not None:
             self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": meta.get("n"), "st": "err", "s": seq,
-                                                       "em": f"cannot start procs on this host: {e}"}))
+                                                       "em": why}))
             return
         first = state.next_index
         procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path,
