@@ -22,7 +22,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench_core import collected_heap, latency_stats, note, private_regent_home, run_and_report  # noqa: E402
+from bench_core import (  # noqa: E402
+    collected_heap,
+    latency_stats,
+    note,
+    note_targets,
+    private_regent_home,
+    run_and_report,
+)
 
 from regent.controller import Session  # noqa: E402
 from regent.worker import Actor, endpoint  # noqa: E402
@@ -129,11 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                              for f, op, b in TARGETS]
         return report
 
-    def summary(report: dict[str, Any]) -> None:
-        for t in report.get("targets", []):
-            note(f"{t['figure']}: {t['value']} (target {t['op']} {t['bound']}: {'met' if t['met'] else 'NOT met'})")
-
-    run_and_report(run, summary, args.json_out)
+    run_and_report(run, note_targets, args.json_out)
 
 
 if __name__ == "__main__":

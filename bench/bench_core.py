@@ -89,6 +89,17 @@ def note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def add_target(out: list[dict[str, Any]], figure: str, value: float | None, op: str, bound: float) -> None:
+    """Append a figure beside its target ("<=" or ">=" `bound`); printed, never asserted."""
+    met = value is not None and (value <= bound if op == "<=" else value >= bound)
+    out.append({"figure": figure, "value": value, "op": op, "bound": bound, "met": met})
+
+
+def note_targets(report: dict[str, Any]) -> None:
+    for t in report.get("targets", []):
+        note(f"{t['figure']}: {t['value']} (target {t['op']} {t['bound']}: {'met' if t['met'] else 'NOT met'})")
+
+
 # --- the workloads, written once against a Target ------------------------------------------
 
 

@@ -36,9 +36,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench_core import (  # noqa: E402
     Sizes,
+    add_target,
     cpu_seconds,
     latency_stats,
     note,
+    note_targets,
     private_regent_home,
     run_and_report,
     run_peer,
@@ -210,8 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     def summary(report: dict[str, Any]) -> None:
         for m in report.get("shapes_measured", []):
             note(str(m))
-        for t in report.get("targets", []):
-            note(f"{t['figure']}: {t['value']} (target {t['op']} {t['bound']}: {'met' if t['met'] else 'NOT met'})")
+        note_targets(report)
 
     run_and_report(run, summary, args.json_out)
 
@@ -235,11 +236,10 @@ def versus(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     by = {(m["procs"], m["hosts"]): m for m in report.get("shapes_measured", []) if "error" not in m}
-    out = []
+    out: list[dict[str, Any]] = []
 
     def add(figure: str, value: float | None, op: str, bound: float) -> None:
-        met = value is not None and (value <= bound if op == "<=" else value >= bound)
-        out.append({"figure": figure, "value": value, "op": op, "bound": bound, "met": met})
+        add_target(out, figure, value, op, bound)
 
     for g in report.get("cpu_growth", []):
         if "error" in g:

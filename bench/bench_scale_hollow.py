@@ -45,7 +45,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench_core import cpu_seconds, latency_stats, note, run_and_report  # noqa: E402
+from bench_core import add_target, cpu_seconds, latency_stats, note, note_targets, run_and_report  # noqa: E402
 from bench_failover import etcd_server, fast_election_etcd  # noqa: E402
 
 from regent.controller import Session  # noqa: E402
@@ -286,20 +286,15 @@ def main(argv: list[str] | None = None) -> None:
             real.close()
             hollow.close()
 
-    def summary(report: dict[str, Any]) -> None:
-        for t in report.get("targets", []):
-            note(f"{t['figure']}: {t['value']} (target {t['op']} {t['bound']}: {'met' if t['met'] else 'NOT met'})")
-
-    run_and_report(run, summary, args.json_out)
+    run_and_report(run, note_targets, args.json_out)
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     by = {m["procs"]: m for m in report.get("sizes_measured", []) if "error" not in m}
-    out = []
+    out: list[dict[str, Any]] = []
 
     def add(figure: str, value: float | None, op: str, bound: float) -> None:
-        met = value is not None and (value <= bound if op == "<=" else value >= bound)
-        out.append({"figure": figure, "value": value, "op": op, "bound": bound, "met": met})
+        add_target(out, figure, value, op, bound)
 
     for c in report.get("calibration", []):
         if "error" in c:
