@@ -197,7 +197,8 @@ class Runtime(_HostTable):
         sleep): nothing waits for a later call to go out. Its timer (watermarks, resends,
         hellos) is an event posted to whoever drives.
         """
-        fd = self.inbox.sock.getsockopt(zmq.FD)
+        woken = select.poll()  # not select(): a controller of a thousand procs has fds above 1024
+        woken.register(self.inbox.sock.getsockopt(zmq.FD), select.POLLIN)
         next_tick = time.monotonic()
         dirty = self.outbox.dirty
         drive = self.drive
@@ -206,7 +207,7 @@ class Runtime(_HostTable):
                 if self._wanted or drive.wanted:
                     time.sleep(0.002)
                 else:
-                    select.select([fd], [], [], 0.002)
+                    woken.poll(2)
                     if drive.acquire(0):
                         try:
                             self._drain()

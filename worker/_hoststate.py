@@ -40,7 +40,7 @@ class _Proc:
 
     def wait(self, timeout: float | None) -> bool:
         """True once the process has exited (its status collected when it is our child)."""
-        if not select.select([self.pidfd], [], [], None if timeout is None else max(0.0, timeout))[0]:
+        if not fd_ready(self.pidfd, timeout):
             return False
         self.exited = True
         if self.popen is not None:
@@ -49,6 +49,14 @@ class _Proc:
 
     def status_text(self) -> str:
         return "unknown (adopted)" if self.adopted else str(self.exit_status)
+
+
+def fd_ready(fd: int, timeout: float | None) -> bool:
+    """Whether `fd` is readable within `timeout` (None: wait). poll, not select: an agent with
+    many sockets (a hollow one) has descriptors above select's 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))
 
 
 class _RequestIdentity(NamedTuple):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import importlib.abc
 import os
-import select
 import sys
 import threading
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import structlog
 import zmq
 
 from regent.wire.transport import readable
-from regent.worker._hoststate import _Proc
+from regent.worker._hoststate import _Proc, fd_ready
 from regent.worker._proc_ending import CLOSE_S
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.proc import ProcRuntime, parse_args, runtime_from
@@ -65,7 +64,7 @@ class _HollowProc(_Proc):
             self.pool.stop(self.id)
 
     def wait(self, timeout: float | None) -> bool:
-        if not select.select([self.pidfd], [], [], None if timeout is None else max(0.0, timeout))[0]:
+        if not fd_ready(self.pidfd, timeout):
             return False
         self.exited = True
         return True
