@@ -53,6 +53,9 @@ class _HollowProc(_Proc):
     """The agent's handle on a hollow proc: `pidfd` is an eventfd written when it has ended."""
 
     pool: HollowProcs | None = field(default=None, repr=False)
+    # The hollow thread's own handle on the eventfd: the agent may close `pidfd` (a stop that
+    # timed out) before the proc ends, and a write to a closed, reused number would hit another file.
+    signal_fd: int = -1
 
     @property
     def adopted(self) -> bool:
@@ -73,7 +76,8 @@ class _HollowProc(_Proc):
         """Called on the hollow thread once the proc has closed its sockets."""
         if self.exit_status is None:
             self.exit_status = status
-            os.eventfd_write(self.pidfd, 1)
+            os.eventfd_write(self.signal_fd, 1)
+            os.close(self.signal_fd)
 
     def status_text(self) -> str:
         return f"{self.exit_status} (hollow)"
@@ -193,7 +197,8 @@ class HollowProcs:
         for p in path:
             if p not in sys.path:
                 sys.path.append(p)  # where its actor classes load from (a real proc's PYTHONPATH)
-        proc = _HollowProc(proc_id, index, os.getpid(), os.eventfd(0, os.EFD_CLOEXEC), pool=self)
+        fd = os.eventfd(0, os.EFD_CLOEXEC)
+        proc = _HollowProc(proc_id, index, os.getpid(), fd, pool=self, signal_fd=os.dup(fd))
         self.procs[proc_id] = proc
         self.loop.call_soon_threadsafe(self._open, proc, argv)
         return proc
