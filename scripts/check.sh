@@ -18,5 +18,5 @@ exec .venv/bin/python -m pytest -q --durations=10 -n "${REGENT_TEST_WORKERS:-4}"
   tests/runtime/test_core_watermark.py tests/runtime/test_fence_store.py tests/runtime/test_drive.py \
   tests/runtime/test_port_order.py tests/runtime/test_exit_status.py tests/runtime/test_endpoints.py \
   tests/runtime/test_handoff_signal.py tests/runtime/test_class_loading.py tests/runtime/test_proc_core.py \
-  tests/runtime/test_host_requests.py \
+  tests/runtime/test_host_requests.py tests/runtime/test_many_peers.py \
   tests/journal tests/fuzz tests/chaos_infra tests/hipcore tests/packaging/test_one_name.py "$@"
