@@ -22,7 +22,7 @@ import psutil
 KINDS = (
     ("regent.worker.proc", "proc"),
     ("regent.cli host", "host agent"),
-    ("execnet", "pytest worker"),
+    ("sys.stdin.readline", "pytest worker"),  # xdist starts its workers as python -c "...exec(eval(sys.stdin.readline()))"
     ("pytest", "pytest"),
     ("chaos/programs", "chaos program"),
     ("failover/programs", "failover program"),
