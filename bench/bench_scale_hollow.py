@@ -45,13 +45,13 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench_core import add_target, cpu_seconds, latency_stats, note, note_targets, run_and_report  # noqa: E402
+from bench_core import add_target, latency_stats, note, note_targets, run_and_report  # noqa: E402
 from bench_failover import etcd_server, fast_election_etcd  # noqa: E402
+from bench_scale import Noop, broadcast_phase  # noqa: E402
 
 from regent.controller import Session  # noqa: E402
 from regent.journal import open_journal  # noqa: E402
 from regent.journal.hosts import registered_hosts  # noqa: E402
-from regent.worker import Actor, endpoint  # noqa: E402
 
 # 128 real procs starting on 2 cores starve etcd past a 15 s lease: the bench measures the
 # controller's costs, not a deposed controller. The hosts run at the lowest priority for the
@@ -59,12 +59,6 @@ from regent.worker import Actor, endpoint  # noqa: E402
 LEASE_TTL_S = 60.0
 HOSTS_NICE = 19
 HOST_TTL_S = 30.0
-
-
-class Noop(Actor):
-    @endpoint
-    def noop(self, i: int = 0) -> int:
-        return i
 
 
 class Hosts:
@@ -123,16 +117,6 @@ def journal_bytes(url: str, session: str) -> int:
         return sum(len(body) for _, body in j.backend.iter_batches(session))
     finally:
         j.close()
-
-
-def broadcast_phase(actors: Any, procs: int, broadcasts: int) -> tuple[float, float]:
-    """(deliveries/s, this process's CPU µs per delivery) of `broadcasts` broadcasts and a call."""
-    deliveries = (broadcasts + 1) * procs
-    cpu0, t0 = cpu_seconds(), time.perf_counter()
-    for i in range(broadcasts):
-        actors.noop.broadcast(i)
-    actors.noop.call().get(timeout=600)
-    return deliveries / (time.perf_counter() - t0), (cpu_seconds() - cpu0) / deliveries * 1e6
 
 
 def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int,

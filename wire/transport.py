@@ -8,6 +8,7 @@ more than the Python that encodes a call, so a burst of calls pays for few sends
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -339,8 +340,6 @@ def context(sockets: int = 0) -> zmq.Context:
     limit is raised to its hard limit as well: every socket holds descriptors."""
     ctx = zmq.Context()
     if sockets > ctx.get(zmq.MAX_SOCKETS):
-        import resource
-
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard == resource.RLIM_INFINITY or soft < hard:
             try:

@@ -27,7 +27,7 @@ import structlog
 import zmq
 
 from regent.wire.transport import readable
-from regent.worker._hoststate import _Proc, fd_ready
+from regent.worker._hoststate import _Proc
 from regent.worker._proc_ending import CLOSE_S
 from regent.worker.logsetup import prefix_actor_logs
 from regent.worker.proc import ProcRuntime, parse_args, runtime_from
@@ -50,27 +50,18 @@ class _NoTorch(importlib.abc.MetaPathFinder):
 
 @dataclass
 class _HollowProc(_Proc):
-    """The agent's handle on a hollow proc: `pidfd` is an eventfd written when it has ended."""
+    """The agent's handle on a hollow proc: `pidfd` is an eventfd written when it has ended, so
+    `_Proc.wait` (no popen: no status to collect) serves it as it is."""
 
     pool: HollowProcs | None = field(default=None, repr=False)
     # The hollow thread's own handle on the eventfd: the agent may close `pidfd` (a stop that
     # timed out) before the proc ends, and a write to a closed, reused number would hit another file.
     signal_fd: int = -1
 
-    @property
-    def adopted(self) -> bool:
-        return False
-
     def send_signal(self, sig: int) -> None:
         """Any signal stops it (SIGTERM's grace is the proc's own CLOSE_S)."""
         if self.pool is not None and not self.exited:
             self.pool.stop(self.id)
-
-    def wait(self, timeout: float | None) -> bool:
-        if not fd_ready(self.pidfd, timeout):
-            return False
-        self.exited = True
-        return True
 
     def ended(self, status: int) -> None:
         """Called on the hollow thread once the proc has closed its sockets."""
@@ -144,6 +135,7 @@ class HollowRuntime(ProcRuntime):
 
         def finish(*_: object) -> None:
             self.closed = True
+            self.pending.clear()  # a backlog's retry (_flush) would open a peer on the closed outbox
             self.loop.remove_reader(self.inbox.sock.getsockopt(zmq.FD))
             self.inbox.close()
             self.outbox.close()
@@ -182,7 +174,7 @@ class HollowProcs:
         """Why `count` more procs with environments `envs` cannot start here (None: they can)."""
         if any(str(e.get("REGENT_PROC_DIM")) == "gpus" for e in envs):
             return "a hollow host has no GPUs: spawn meshes with a 'gpus' dimension on real hosts"
-        live = sum(not p.exited for p in list(self.procs.values()))  # list(): one step, as the hollow thread pops
+        live = len(self.procs)  # a proc leaves it when it ends (end())
         if live + count > self.limit:
             return (f"this hollow host serves at most {self.limit} procs and has {live}: start it with a "
                     f"larger --hollow, or add hollow hosts")

@@ -288,12 +288,15 @@ class HostAgent(_Adoption, _WarmPool):
                 if len(req.procs) < req.size:  # adopted in part: the rest died with the old agent
                     req.refill = (envs, path)
             return
+        # A full hollow host, or a device binding this host cannot give, fails the request
+        # before any proc starts.
         why = self.hollow.refusal(count, envs[:count]) if self.hollow is not None else None
-        try:  # a device binding this host cannot give fails the request before any proc starts
-            for e in envs[:count] if why is None else ():
-                _bound_env({**os.environ, **{k: str(v) for k, v in e.items() if isinstance(k, str)}})
-        except ValueError as e:
-            why = f"cannot bind procs to devices on this host: {e}"
+        if why is None:
+            try:
+                for e in envs[:count]:
+                    _bound_env({**os.environ, **{k: str(v) for k, v in e.items() if isinstance(k, str)}})
+            except ValueError as e:
+                why = f"cannot bind procs to devices on this host: {e}"
         if why is not None:
             self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": meta.get("n"), "st": "err", "s": seq,
                                                        "em": why}))
