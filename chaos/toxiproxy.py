@@ -29,7 +29,7 @@ import structlog
 import tenacity
 
 from regent.chaos.toxics import validate_toxic
-from regent.hipcore.ports import free_port
+from regent.hipcore.ports import free_port, listen_port
 
 __all__ = [
     "Proxy",
@@ -46,6 +46,8 @@ log = structlog.get_logger("chaos.toxiproxy")
 
 _REPO = Path(__file__).resolve().parent.parent
 _INSTALL_HINT = f"run {_REPO / 'scripts' / 'install_toxiproxy.sh'}"
+_LISTEN_TRIES = 5  # proxies created on a port another process bound first
+_RELISTEN_S = 5.0  # a proxy brought back up waits this long at most for its port to be free
 
 
 class ToxiproxyError(RuntimeError):
@@ -144,7 +146,9 @@ class ToxiproxyClient:
     def create_proxy(
         self, name: str, upstream: str, listen: str = "127.0.0.1:0", *, enabled: bool = True
     ) -> Proxy:
-        """Create a proxy; ``listen`` port 0 picks a free port, read back into ``Proxy.listen``."""
+        """Create a proxy; ``listen`` port 0 picks a free port, read back into ``Proxy.listen``.
+        That port is below the kernel's ephemeral range (`listen_port`): a proxy taken down and
+        brought back listens on it again, which fails if an outgoing connection took it meanwhile."""
         if not name or "/" in name:
             raise ToxiproxyError(
                 f"proxy name {name!r} is not usable in Toxiproxy's URLs; use a non-empty "
@@ -152,11 +156,18 @@ class ToxiproxyClient:
             )
         _check_host_port("upstream", upstream)
         _check_host_port("listen", listen)
-        data = self.request(
-            "POST",
-            "/proxies",
-            {"name": name, "upstream": upstream, "listen": listen, "enabled": enabled},
-        )
+        host, _, port = listen.rpartition(":")
+        for attempt in range(1, _LISTEN_TRIES + 1):
+            at = f"{host}:{listen_port(host.strip('[]'))}" if int(port) == 0 else listen
+            try:
+                data = self.request(
+                    "POST", "/proxies", {"name": name, "upstream": upstream, "listen": at, "enabled": enabled}
+                )
+                break
+            except ToxiproxyError as e:
+                # Another process bound the port between our check and Toxiproxy's bind.
+                if int(port) != 0 or not _port_taken(e) or attempt == _LISTEN_TRIES:
+                    raise
         log.debug("proxy created", proxy=name, listen=data["listen"], upstream=upstream)
         return Proxy(self, data)
 
@@ -249,8 +260,13 @@ class Proxy:
         self._update(self._client.request("PATCH", self._path, {"enabled": False}))
 
     def enable(self) -> None:
-        """Bring the link back up on the same listen address."""
-        self._update(self._client.request("PATCH", self._path, {"enabled": True}))
+        """Bring the link back up on the same listen address. A port held there for a moment
+        (a client reconnecting to it that connected to itself) is tried again for a few seconds."""
+        for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception(_port_taken),
+                                         stop=tenacity.stop_after_delay(_RELISTEN_S),
+                                         wait=tenacity.wait_fixed(0.1), reraise=True):
+            with attempt:
+                self._update(self._client.request("PATCH", self._path, {"enabled": True}))
 
     def reset(self) -> None:
         """Remove this proxy's toxics and enable it."""
@@ -507,6 +523,11 @@ def _pdeathsig_setter() -> Callable[[], None] | None:
 
 def _quote(name: str) -> str:
     return urllib.parse.quote(name, safe="")
+
+
+def _port_taken(exc: BaseException) -> bool:
+    """Toxiproxy could not listen: another socket holds the port."""
+    return isinstance(exc, ToxiproxyError) and "address already in use" in str(exc)
 
 
 def _check_host_port(what: str, value: str) -> None:

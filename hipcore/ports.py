@@ -12,11 +12,13 @@ import random
 import socket
 import threading
 import time
+from pathlib import Path
 
-__all__ = ["ENV_PORT_RANGE", "free_port", "port_range"]
+__all__ = ["ENV_PORT_RANGE", "free_port", "listen_port", "port_range"]
 
 ENV_PORT_RANGE = "REGENT_PORT_RANGE"
 _HOLD_S = 60.0  # a port handed out is not handed out again by this process for this long
+_LOWEST = 10000  # listen_port's floor without REGENT_PORT_RANGE (well-known and registered ports below)
 _given: dict[int, float] = {}
 _lock = threading.Lock()
 
@@ -51,6 +53,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             return int(s.getsockname()[1])
+    return _pick(host, ports, f"{ENV_PORT_RANGE}={os.environ[ENV_PORT_RANGE]}")
+
+
+def listen_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now for a listener that closes and opens again on it (a proxy
+    taken down and brought back, a daemon restarted): from REGENT_PORT_RANGE when it is set, else
+    below the kernel's ephemeral range. A port from that range can become the local port of any
+    outgoing connection while the listener is closed (a client reconnecting to it can even
+    connect to itself), and the listener cannot open again."""
+    ports = port_range()
+    if ports is not None:
+        return free_port(host)
+    top = _ephemeral_low()
+    if top is None or top <= _LOWEST + 1000:
+        return free_port(host)
+    return _pick(host, range(_LOWEST, top), f"ports {_LOWEST}-{top - 1} (below the ephemeral range)")
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pick(host: str, ports: range, where: str) -> int:
+    """A port of `ports` bindable on `host` now, not handed out by this process in the last minute."""
     with _lock:
         now = time.monotonic()
         for port in [p for p, at in _given.items() if now - at > _HOLD_S]:
@@ -61,5 +90,5 @@ def free_port(host: str = "127.0.0.1") -> int:
             if port not in _given and _bindable(host, port):
                 _given[port] = now
                 return port
-    raise OSError(f"no free TCP port on {host} in {ENV_PORT_RANGE}={os.environ[ENV_PORT_RANGE]}: "
-                  "widen the range, or unset it to let the kernel choose")
+    raise OSError(f"no free TCP port on {host} in {where}: widen REGENT_PORT_RANGE, or unset it "
+                  "to let the kernel choose")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from chaos_sockets import EchoServer, connect, recv_exactly, round_trip
@@ -120,6 +122,40 @@ def test_limit_data_closes_after_the_byte_limit(proxy: Proxy) -> None:
         sock.sendall(b"y" * 1000)
         data, _ = read_until_closed(sock)
     assert data == b"y" * 100
+
+
+def _ephemeral() -> range:
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    return range(lo, hi + 1)
+
+
+@pytest.mark.parametrize("own_range", [True, False], ids=["REGENT_PORT_RANGE", "unset"])
+def test_a_proxy_listens_below_the_ephemeral_range_so_it_can_come_back_up(
+    toxiproxy: ToxiproxyServer, echo_server: EchoServer, monkeypatch, own_range: bool
+) -> None:
+    # While a proxy is down, any outgoing connection (one reconnecting to the proxy itself
+    # included) may take an ephemeral port as its local port; the proxy could not listen again.
+    if not own_range:
+        monkeypatch.delenv("REGENT_PORT_RANGE", raising=False)
+    p = toxiproxy.create_proxy(f"below-{own_range}", upstream=echo_server.address)
+    port = int(p.listen.rsplit(":", 1)[1])
+    assert port not in _ephemeral()
+    p.disable()
+    p.enable()
+    round_trip(p.listen)
+
+
+def test_a_proxy_brought_up_while_its_port_is_held_listens_once_it_is_free(proxy: Proxy) -> None:
+    host, port = proxy.listen.rsplit(":", 1)
+    proxy.disable()
+    squatter = socket.socket()
+    squatter.bind((host, int(port)))  # what an outgoing connection from that port looks like
+    release = threading.Timer(0.5, squatter.close)
+    release.start()
+    started = time.monotonic()
+    proxy.enable()
+    assert proxy.enabled and time.monotonic() - started >= 0.4
+    round_trip(proxy.listen)
 
 
 def test_down_refuses_connections_and_enable_restores_them(proxy: Proxy) -> None:

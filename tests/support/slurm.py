@@ -8,7 +8,6 @@ the work directory: nothing system-wide is read or changed, and close() leaves n
 from __future__ import annotations
 
 import os
-import random
 import re
 import shlex
 import shutil
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from regent.chaos.netns import NamespaceHosts
 from regent.chaos.netns import unavailable_reason as netns_unavailable_reason
-from regent.hipcore.ports import free_port
+from regent.hipcore.ports import listen_port
 
 __all__ = ["SlurmCluster", "SlurmError", "SlurmUnavailable", "parse_record", "slurm_unavailable_reason"]
 
@@ -38,25 +37,6 @@ _MAX_SOCKET_PATH = 100
 
 class SlurmUnavailable(RuntimeError):
     """A Slurm cluster cannot be made here (not root, Slurm or MUNGE missing, no namespaces)."""
-
-
-def _daemon_port(address: str) -> int:
-    """A port free on `address` now, below the kernel's ephemeral range. One from that range
-    (what `free_port` gets) can go to another test's outgoing connection from the same bridge
-    address before slurmctld binds it ("Address already in use", seen under xdist)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return free_port(address)
-    for _ in range(100):
-        port = random.randrange(10000, max(10001, low))
-        with socket.socket() as s:
-            try:
-                s.bind((address, port))
-            except OSError:
-                continue
-        return port
-    return free_port(address)
 
 
 class SlurmError(RuntimeError):
@@ -202,7 +182,7 @@ class SlurmCluster:
         lines = [
             f"ClusterName={self.cluster_name}",
             f"SlurmctldHost={socket.gethostname().split('.')[0]}({ctld})",
-            f"SlurmctldPort={_daemon_port(ctld)}",
+            f"SlurmctldPort={listen_port(ctld)}",
             # Each node has a namespace (and so a port space) of its own.
             "SlurmdPort=6818",
             "SlurmUser=root",
