@@ -28,7 +28,7 @@ import structlog
 import zmq
 
 from regent import wire
-from regent.hipcore.ports import free_port
+from regent.hipcore.ports import free_port, listen_port
 from regent.wire import Kind, ProtocolError, schema
 from regent.wire.security import load_credentials, regent_home, stop_authenticator
 from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, context, peer_of, valid_address
@@ -96,7 +96,16 @@ class HostAgent(_Adoption, _WarmPool):
                 except zmq.ZMQError as e:
                     log.warning("cannot take over the dead host agent's address; controllers that "
                                 "knew it will not find this agent", address=succeeds["address"], error=str(e))
-        return Inbox(self.ctx, self.creds, bind_host, port, self.advertise)
+        if port:
+            return Inbox(self.ctx, self.creds, bind_host, port, self.advertise)
+        # Below the ephemeral range, where no outgoing connection can take the port once this
+        # agent is gone: its successor binds the same address.
+        for _ in range(3):
+            try:
+                return Inbox(self.ctx, self.creds, bind_host, listen_port(bind_host), self.advertise)
+            except zmq.ZMQError:  # bound by another process since it was found free
+                continue
+        return Inbox(self.ctx, self.creds, bind_host, 0, self.advertise)
 
     # --- main loop ---------------------------------------------------------------
 
