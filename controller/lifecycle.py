@@ -38,6 +38,7 @@ class Lifecycle:
         self.s = session
         self.hosts: list[str] = []
         self.actor_names: set[str] = set()
+        self._placed: dict[str, list[ProcRef]] = {}  # an actor mesh's procs, by name: stopped, they free it
         self.procs: list[ProcRef] = []  # every proc spawned, in the program's order
 
     def this_host(self) -> HostMesh:
@@ -171,6 +172,7 @@ class Lifecycle:
             if policy is None:
                 raise  # unsupervised: a member that is gone stays gone
         self.actor_names.add(name)
+        self._placed[name] = list(procs)
         mesh_sup = MeshSupervisor(name, len(procs), policy) if policy else None
         replay = s._engine.replay
         escalation = None
@@ -239,8 +241,13 @@ class Lifecycle:
         self.s._issue_call(Kind.STOP, "stop", mesh.name, "__stop__", [], b"", mesh._procs, mesh._view.ranks, sink)
         sink.future.get()
         if len(mesh._view) == len(mesh._procs) and mesh._class is not None:  # not a mesh an actor spawned
-            self.actor_names.discard(mesh.name)
-            self.s._supervisor.meshes.pop(mesh.name, None)  # a mesh stopped is not restarted
+            self._free(mesh.name)
+
+    def _free(self, name: str) -> None:
+        """A mesh whose actors are all stopped, or whose procs are: its name may be spawned again."""
+        self.actor_names.discard(name)
+        self._placed.pop(name, None)
+        self.s._supervisor.meshes.pop(name, None)  # a mesh stopped is not restarted
 
     def shutdown_hosts(self, hosts: list[str]) -> None:
         """Stop every proc of this session on these hosts that is not stopped already."""
@@ -266,6 +273,8 @@ class Lifecycle:
         with runtime.drive:
             for proc in procs:
                 runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
+        for name in [n for n, on in self._placed.items() if all(p.stopped for p in on)]:
+            self._free(name)  # Monarch spawns a mesh of the name again on new procs; so does regent
         s._finished(seq)
 
 

@@ -15,6 +15,7 @@ from regent.worker.actor import (
 )
 from regent.worker.errors import (
     ActorError,
+    DeadlockError,
     DivergenceError,
     FencedError,
     MessageTooLarge,
@@ -28,7 +29,7 @@ from regent.worker.shape import Point, ValueMesh
 from regent.worker.supervision import RestartPolicy
 
 __all__ = [
-    "Accumulator", "Actor", "ActorContext", "ActorError", "ActorMeshRef", "Channel", "DivergenceError",
+    "Accumulator", "Actor", "ActorContext", "ActorError", "ActorMeshRef", "Channel", "DeadlockError", "DivergenceError",
     "FencedError", "MessageTooLarge", "Point", "Port", "PortReceiver", "ProcMeshRef", "ProtocolError", "RegentError", "RemoteFuture", "RestartPolicy", "SupervisionError",
     "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "send", "this_host",

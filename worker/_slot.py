@@ -44,6 +44,7 @@ class _Slot:
     owner: dict | None = None  # the actor that spawned it from inside an actor (wire.schema.Owner)
     failed: str | None = None  # a child's failure it did not handle: it fails at its next message
     children: list = field(default_factory=list)  # ActorMeshRefs of the meshes it spawned: stopped with it
+    body: Any = None  # its sync endpoint's run while that waits for a call (worker/_bodies.py)
 
     def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
         """The bound method, how it runs, and whether it answers through an explicit port."""

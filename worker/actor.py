@@ -88,6 +88,12 @@ class ActorContext:
         """The actor's identity as its log lines show it: `trainers{'hosts': 0/1, 'procs': 2/4}`."""
         return f"{self.mesh}{self.point!r}"
 
+    @property
+    def actor_instance(self) -> ActorContext:
+        """Monarch's spelling, `context().actor_instance`: the running actor, whose `str()` is
+        its name and point and whose `rank` is its place in its mesh."""
+        return self
+
 
 _current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(
     "regent_actor_context", default=None

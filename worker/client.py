@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+import warnings
+from asyncio import current_task
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,9 @@ import structlog
 
 from regent import wire
 from regent.wire import Kind
+from regent.worker._bodies import current_body
+from regent.worker.actor import _current
+from regent.worker.errors import DeadlockError
 
 if TYPE_CHECKING:
     from regent.worker.proc import ProcRuntime
@@ -161,6 +166,8 @@ class ActorClient:
             self._ask(host, procs)
         if self.out or self._host_out:
             self._timer = self.rt.loop.call_later(TICK_S, self._tick)
+        if self.rt.waiters:  # a call failed above may be what a sync endpoint waits for
+            self.rt.waiters.check()
 
     # --- requests to host agents -------------------------------------------------------
 
@@ -231,10 +238,33 @@ class ActorClient:
 
     # --- waiting without the loop ----------------------------------------------------
 
-    def pump(self, done: Callable[[], bool], timeout: float | None) -> bool:
-        """Serve the proc's inbox on this thread until `done()` (True) or `timeout` (False): how
-        a sync endpoint waits for a call it made. Every message is handled as the loop would,
-        so the actors of this proc go on serving; this actor's own mailbox waits."""
+    def _refuse_self_wait(self, waits_on: Sequence[asyncio.Future]) -> None:
+        me = _current.get()
+        if me is None or not waits_on:
+            return
+        mine = self.rt.inbox.address
+        for (_, actor, point, _), o in self.out.items():
+            if actor == me.mesh and point == me.rank and o.target.address == mine and o.future in waits_on:
+                raise DeadlockError(
+                    f"{me} waits on its own call {actor}[{point}].{o.meta['m']}: an actor takes one message at "
+                    "a time, so that call can only run after this endpoint returns. Call the method "
+                    "directly, or make this endpoint an async @concurrent_endpoint that awaits the call")
+
+    def pump(self, done: Callable[[], bool], timeout: float | None, waits_on: Sequence[asyncio.Future] = ()) -> bool:
+        """Wait until `done()` (True) or `timeout` (False) for the answers `waits_on`: how an
+        actor waits for a call it made without awaiting it. A sync endpoint gives the thread back
+        to the loop until then (worker/_bodies.py); one waiting on its own actor fails at once
+        (DeadlockError), since that call can only run after it. Elsewhere (an __init__, a
+        __cleanup__, `.get()` in an async endpoint, which warns as Monarch does) the proc's
+        inbox is served on this thread meanwhile: its actors' sync endpoints go on serving."""
+        body = current_body()
+        if body is not None:
+            self._refuse_self_wait(waits_on)
+            return self.rt.waiters.wait(body, done, timeout)
+        if asyncio._get_running_loop() is not None and current_task(self.rt.loop) is not None:
+            warnings.warn("a call's .get() was called from within an active event loop (an async endpoint): "
+                          "it blocks the proc's loop, so async endpoints and timers of this proc wait; "
+                          "await the call instead", UserWarning, stacklevel=3)
         rt = self.rt
         end = None if timeout is None else time.monotonic() + timeout
         next_tick = time.monotonic() + TICK_S

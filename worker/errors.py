@@ -12,7 +12,7 @@ import traceback
 from regent.wire.errors import MessageTooLarge, ProtocolError, RegentError
 
 __all__ = [
-    "ActorError", "ActorExit", "DivergenceError", "FencedError", "MessageTooLarge",
+    "ActorError", "ActorExit", "DeadlockError", "DivergenceError", "FencedError", "MessageTooLarge",
     "ProtocolError", "RegentError", "SupervisionError",
 ]
 
@@ -64,6 +64,10 @@ class FencedError(RegentError):
 class DivergenceError(RegentError):
     """The same call id arrived with a different argument digest: the program is not
     deterministic, or two controllers disagree. The call was not run again."""
+
+
+class DeadlockError(RegentError):
+    """An actor waited for an answer only its own later work could give (a call to itself)."""
 
 
 class ActorExit(Exception):  # noqa: N818 - a way out, like SystemExit

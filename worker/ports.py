@@ -131,7 +131,7 @@ class Received:
     def get(self, timeout: float | None = None) -> Any:
         if not self._fut.done():
             client, _ = _site("waiting on a port")
-            if not client.pump(self._fut.done, timeout):
+            if not client.pump(self._fut.done, timeout, [self._fut]):
                 raise TimeoutError(f"nothing arrived at port {self._port} within {timeout} s")
         return self._value()
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import structlog
 import zmq
+from greenlet import GreenletExit
 
 from regent import wire
 from regent.wire import Kind, ProtocolError, schema
@@ -45,6 +46,8 @@ from regent.wire.transport import (
     spin_budget_s,
     spin_until_readable,
 )
+from regent.worker._bodies import Body, Waiters, _Gone
+from regent.worker._bodies import start as start_body
 from regent.worker._host_watch import _environment_of, _HostWatch
 from regent.worker._proc_answers import _Answers
 from regent.worker._proc_ending import CLOSE_S, _Ending
@@ -109,14 +112,16 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
         self.ports = ProcPorts(self)  # channels its actors opened, calls answered through a port
         self._born_with: dict[str, list] = {}  # meshes spawned by actors still in __init__
         self.actors: dict[str, _Slot] = {}
+        self._ended: dict[str, str] = {}  # why each actor that is gone went (the latest ENDED_KEPT)
         self.pending: dict[str, collections.deque] = {}
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
         self._reading = False
         self._spin_s = spin_budget_s()
         self._async_running = 0  # async endpoint calls in flight: the loop must run them
-        self._closing: set[asyncio.Task] = set()  # actors' ends still cancelling calls or in __cleanup__
+        self._closing: set[asyncio.Future] = set()  # actors' ends still cancelling calls or in __cleanup__
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = loop or asyncio.new_event_loop()
+        self.waiters = Waiters(self.loop)  # sync endpoints waiting for a call (worker/_bodies.py)
         self.output: OutputForwarder | None = None
         self.stopping = False
         self.dropped = 0
@@ -211,6 +216,8 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
             return False
         if self.inbox.accept(frames):
             self._handle(frames)
+            if self.waiters:  # the answer a sync endpoint waits for may have come
+                self.waiters.check()
         return True
 
     def _handle(self, frames: list) -> None:
@@ -281,7 +288,9 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
             return
         slot = self.actors.get(actor)
         if slot is None:
-            self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {actor!r} on proc {self.proc_id}")
+            gone = self._ended.get(actor)  # stopped or failed: say so, and by whom
+            self._finish(seq, actor, point, "noactor", o=o,
+                         em=f"no actor {actor!r} on proc {self.proc_id}" + (f": {gone}" if gone else ""))
             return
         if method not in slot.endpoints:
             self._finish(seq, actor, point, "err", o=o, et="AttributeError",
@@ -315,30 +324,50 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
                 if run is _Run.CONCURRENT:
                     self.loop.call_soon(self._resume, slot)  # after the task's first step
                 return
-            token = _current.set(slot.ctx)
-            site = _calling.set(CallSite(seq, o, slot.name, point))
-            answer_to = None
-            try:
-                args, kwargs, answer_to = _arguments(payload, how)
-                slot.executions += 1
-                first = port or (answer_to if explicit else None)
-                value = fn(*args, **kwargs) if first is None else fn(first, *args, **kwargs)
-            except ActorExit as e:
-                self._exit(slot, seq, point, e, o=o)
+            body = Body(partial(self._run_inline, slot, seq, point, method, fn, payload, o, port, how, explicit),
+                        partial(self._after_body, slot))
+            if not start_body(body, self.loop, self.waiters.idle):
+                slot.body = body  # it waits for a call: the mailbox waits for it (_after_body)
                 return
-            except Exception as e:  # an error the endpoint raised: it goes back to the caller
-                if self._raised(slot, seq, point, method, e, o, port, answer_to, how):
-                    return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
-                self._fail(slot, seq, point, method, e, o=o)
+            if body.result:  # the actor ended
                 return
-            else:
-                self._returned(slot, seq, point, o, port, answer_to, explicit, value)
-            finally:
-                _calling.reset(site)
-                _current.reset(token)
+
+    def _run_inline(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list, o: str,
+                    port: Any, how: str, explicit: bool) -> bool:
+        """A sync endpoint's call, in its Body: True if it ended the actor."""
+        token = _current.set(slot.ctx)
+        site = _calling.set(CallSite(seq, o, slot.name, point))
+        answer_to = None
+        try:
+            args, kwargs, answer_to = _arguments(payload, how)
+            slot.executions += 1
+            first = port or (answer_to if explicit else None)
+            value = fn(*args, **kwargs) if first is None else fn(first, *args, **kwargs)
+        except ActorExit as e:
+            self._exit(slot, seq, point, e, o=o)
+            return True
+        except Exception as e:  # an error the endpoint raised: it goes back to the caller
+            return self._raised(slot, seq, point, method, e, o, port, answer_to, how)
+        except (SystemExit, KeyboardInterrupt, GreenletExit):
+            raise
+        except _Gone:  # its actor ended while it waited for a call (_close)
+            self._finish(seq, slot.name, point, "dead", o=o, em=f"{slot.ended} while this call ran")
+            return True
+        except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
+            self._fail(slot, seq, point, method, e, o=o)
+            return True
+        else:
+            self._returned(slot, seq, point, o, port, answer_to, explicit, value)
+        finally:
+            _calling.reset(site)
+            _current.reset(token)
+        return False
+
+    def _after_body(self, slot: _Slot, body: Body) -> None:
+        """A sync endpoint that waited for a call is done: its actor takes its next message."""
+        slot.body = None
+        if not body.result and slot.ended is None:
+            self._drain(slot)
 
     def _resume(self, slot: _Slot) -> None:
         if slot.ended is None:
@@ -396,6 +425,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
             self._retire(self.actors[actor], f"actor {actor} was spawned again")
         slot.owner = meta.get("ow")
         self.actors[actor] = slot
+        self._ended.pop(actor, None)
         self._finish(seq, actor, point, "ok", o=o, pid=os.getpid())
 
     def _on_restart(self, restart: Deliver) -> None:
@@ -420,6 +450,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
         if slot is None:
             return
         self.actors[actor] = slot
+        self._ended.pop(actor, None)
         if rt:
             self._reply(rt, Kind.RESULT, self.core.result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(), inc=inc))
 
@@ -450,13 +481,25 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
     def _on_stop(self, stop: Deliver) -> None:
         actor, seq, point, o = stop.actor, stop.seq, stop.point, stop.origin
         slot = self.actors.get(actor)
-        closing = self._retire(slot, f"actor {actor} was stopped") if slot is not None else None
+        # What its __cleanup__ calls derives its ids from this stop: a stop sent again finds them.
+        closing = self._retire(slot, f"actor {actor} was stopped by {_stopper(o)}", None,
+                               CallSite(seq, o, actor, point)) if slot is not None else None
         if closing is not None:  # answered once its calls are cancelled and its __cleanup__ is done
             closing.add_done_callback(lambda _: self._finish(seq, actor, point, "ok", o=o))
             return
         self._finish(seq, actor, point, "ok", o=o)
 
     # --- sending -----------------------------------------------------------------
+
+
+def _stopper(origin: str) -> str:
+    """Who sent a stop, from its call path: the program, an actor, or an owner that ended."""
+    if not origin:
+        return "the program"
+    steps = origin.split("/")
+    if steps[-1].startswith("stop#") and len(steps) > 1:  # worker/_proc_owners.py _stop_children
+        return f"its owner {steps[-2].split('@')[0]} ending"
+    return f"actor {steps[-1].split('#')[0]}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -83,7 +83,7 @@ class RemoteFuture:
     def get(self, timeout: float | None = None) -> Any:
         if not self.done():
             client, _ = _site("waiting for a call")
-            if not client.pump(self.done, timeout):
+            if not client.pump(self.done, timeout, self._futures):
                 raise TimeoutError(f"{self._actor}.{self._method} did not answer within {timeout} s")
         return self._value()
 
@@ -115,7 +115,7 @@ class RemoteStream:
             pos = self._ready()
             if pos is None:
                 client, _ = _site("waiting for a stream")
-                client.pump(lambda: self._ready() is not None, None)
+                client.pump(lambda: self._ready() is not None, None, list(self._left.values()))
                 continue
             yield self._take(pos)
 
@@ -370,7 +370,7 @@ class HostMeshRef:
             "s": site.seq, "o": site.child(), "count": count, "envs": envs, "d": digest,
             "path": [p for p in sys.path if p]})
         if not future.done():
-            client.pump(future.done, None)  # sent again until answered
+            client.pump(future.done, None, [future])  # sent again until answered
         reply = future.result()
         if reply.get("st") != "ok":
             raise SupervisionError(f"host agent at {self.host} could not spawn procs: {reply.get('em')}",

@@ -13,6 +13,7 @@ REGENT_TEST_TTL); prints "step i" for each step run live, then one JSON line.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -42,6 +43,13 @@ class Store(Actor):
         self.seen[token] = self.seen.get(token, 0) + 1
         time.sleep(0.002)
         return 2 * x
+
+    @endpoint
+    async def put_async(self, token: str, x: int) -> int:
+        """An async endpoint, which a relay's sync endpoint on the same proc waits on."""
+        self.seen[token] = self.seen.get(token, 0) + 1
+        await asyncio.sleep(0.002)
+        return 3 * x
 
     @endpoint
     def echo_into(self, port: Port, token: str) -> None:
@@ -94,10 +102,13 @@ class Relay(Actor):
 
     @endpoint
     def forward(self, tag: str, i: int) -> int:
-        """A call to every store member and one to a chosen member, from a sync endpoint."""
+        """A call to every store member, one to a chosen member and one to the async endpoint of
+        the member on its own proc, from a sync endpoint."""
         every = self.store.put.call(self._token(tag, i), i).get(timeout=60).values()
         picked = self.store.put.choose(self._token(tag + "c", i), 1).get(timeout=60)
-        return sum(every) + picked
+        # The store member on this relay's own proc, async: the proc serves it while this waits.
+        near = self.store.slice(procs=self.me).put_async.call_one(self._token(tag + "n", i), i).get(timeout=60)
+        return sum(every) + picked + near
 
     @endpoint
     async def forward_async(self, tag: str, i: int) -> int:

@@ -1,0 +1,159 @@
+"""A `__cleanup__` that calls other actors, as Monarch's test_cleanup, test_cleanup_async and
+test_recursive_stop do: sync and async cleanups waiting on a counter of their own proc (async
+endpoints), and an owner's stop reaching the cleanups of the meshes it spawned, on procs it was
+passed and on procs it spawned itself. A stop sent again (a new controller) finds the cleanup's
+calls by their ids and runs none twice."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from regent.controller import Session
+from regent.worker import Actor, ActorMeshRef, ProcMeshRef, endpoint, this_host
+
+
+class Counter(Actor):
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    @endpoint
+    async def incr(self) -> None:
+        self.v += 1
+
+    @endpoint
+    async def value(self) -> int:
+        return self.v
+
+
+class ActorWithCleanup(Actor):
+    def __init__(self, counter: ActorMeshRef) -> None:
+        self.counter = counter
+
+    @endpoint
+    def check(self) -> None:
+        pass
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        self.counter.incr.call_one().get(timeout=30)
+
+
+class ActorWithAsyncCleanup(Actor):
+    def __init__(self, counter: ActorMeshRef) -> None:
+        self.counter = counter
+
+    @endpoint
+    async def check(self) -> None:
+        pass
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        await self.counter.incr.call_one()
+
+
+class WrapperActor(Actor):
+    """Spawns a mesh on procs it was passed and one on procs it spawned; no __cleanup__ of its own."""
+
+    def __init__(self, procs: ProcMeshRef, counter: ActorMeshRef) -> None:
+        self.procs = this_host().spawn_procs(per_host={"procs": 1})
+        self.on_passed = procs.spawn("inner_passed", ActorWithCleanup, counter)
+        self.on_owned = self.procs.spawn("inner_owned", ActorWithCleanup, counter)
+
+    @endpoint
+    def check(self) -> None:
+        self.on_passed.check.call().get(timeout=30)
+        self.on_owned.check.call().get(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def session():
+    with Session("monarch-cleanup-calls") as s:
+        yield s
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cls", [ActorWithCleanup, ActorWithAsyncCleanup], ids=["sync", "async"])
+def test_cleanup_calls_a_counter_on_its_own_proc(session, cls):
+    procs = session.spawn_procs(per_host={"procs": 1})
+    counter = procs.spawn("counter", Counter, 0)
+    cleanup = procs.spawn("cleanup", cls, counter)
+    cleanup.check.call_one().get(timeout=30)
+    cleanup.stop()  # returns once __cleanup__ is done, its call answered
+    assert counter.value.call_one().get(timeout=30) == 1
+    procs.stop()
+
+
+@pytest.mark.timeout(120)
+def test_recursive_stop_runs_the_cleanups_of_what_the_owner_spawned(session):
+    procs = session.spawn_procs(per_host={"procs": 1})
+    counter = procs.spawn("rs_counter", Counter, 0)
+    wrapper = procs.spawn("wrapper", WrapperActor, procs, counter)
+    wrapper.check.call_one().get(timeout=30)
+    wrapper.stop()
+    # The owner's stop of its meshes is not waited for (Monarch's neither): wait for the count.
+    deadline = time.monotonic() + 30
+    while counter.value.call_one().get(timeout=30) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert counter.value.call_one().get(timeout=30) == 2
+    procs.stop()
+
+
+class FaultActor(Actor):
+    @endpoint
+    def sigsegv(self) -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+    @endpoint
+    def check(self) -> str:
+        return "ok"
+
+
+@pytest.mark.timeout(120)
+def test_sigsegv_then_stop_then_a_mesh_of_the_same_name_on_new_procs():
+    """Monarch's test_sigsegv_handling: the name of a mesh whose procs the program stopped is
+    free again."""
+    from regent.worker import SupervisionError
+
+    with Session("monarch-sigsegv", on_unhandled_fault=lambda failure: None) as s:
+        procs = s.spawn_procs(per_host={"procs": 2})
+        actor = procs.spawn("fault", FaultActor)
+        assert actor.check.call().get(timeout=30).values() == ["ok", "ok"]
+        with pytest.raises(SupervisionError):
+            actor.sigsegv.call().get(timeout=60)
+        with pytest.raises(SupervisionError):
+            actor.check.call().get(timeout=60)
+        procs.stop()
+        procs = s.spawn_procs(per_host={"procs": 2})
+        actor = procs.spawn("fault", FaultActor)
+        assert actor.check.call().get(timeout=30).values() == ["ok", "ok"]
+
+
+class Printer(Actor):
+    @endpoint
+    def hi(self) -> str:
+        return "hi"
+
+
+class Asker(Actor):
+    @endpoint
+    def ask(self, mesh: ActorMeshRef) -> str:
+        from regent.worker import SupervisionError
+
+        try:
+            return mesh.hi.call_one().get(timeout=30)
+        except SupervisionError as e:
+            return str(e)
+
+
+@pytest.mark.timeout(120)
+def test_a_call_to_a_stopped_actor_says_it_was_stopped_and_by_whom(session):
+    procs = session.spawn_procs(per_host={"procs": 1})
+    printer = procs.spawn("printer", Printer)
+    asker = procs.spawn("asker", Asker)
+    assert asker.ask.call_one(printer).get(timeout=30) == "hi"
+    printer.stop()
+    said = asker.ask.call_one(printer).get(timeout=30)
+    assert "no actor 'printer'" in said and "printer was stopped by the program" in said, said
+    procs.stop()

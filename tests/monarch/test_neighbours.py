@@ -1,0 +1,198 @@
+"""An actor waiting on another actor of its own proc, as Monarch's python/tests do it
+(test_choose, test_value_mesh, test_mesh_passed_to_mesh): a sync endpoint that waits on an
+async one, a stream from a sync endpoint, an actor waiting on itself (an error at once), and
+what a sync endpoint sees of the event loop (none, as in Monarch)."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+
+import pytest
+
+from regent.controller import Session
+from regent.worker import (
+    Actor,
+    ActorError,
+    ActorMeshRef,
+    context,
+    current_actor_name,
+    current_rank,
+    endpoint,
+)
+
+
+class Counter(Actor):
+    """Monarch's Counter: async endpoints only."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    @endpoint
+    async def incr(self) -> None:
+        self.v += 1
+
+    @endpoint
+    async def value(self) -> int:
+        return self.v
+
+
+class SyncCounter(Actor):
+    def __init__(self, c: ActorMeshRef) -> None:
+        self.c = c
+
+    @endpoint
+    def value_sync_endpoint(self) -> int:
+        return self.c.value.choose().get(timeout=30)
+
+    @endpoint
+    def twice(self) -> list[int]:
+        """Two waits in one call: the endpoint resumes where it waited, each time."""
+        first = self.c.value.choose().get(timeout=30)
+        self.c.incr.broadcast()
+        return [first, self.c.value.choose().get(timeout=30)]
+
+
+class Indirect(Actor):
+    @endpoint
+    async def call_value(self, c: ActorMeshRef) -> int:
+        return await c.value.choose()
+
+
+class CastToCounter(Actor):
+    @endpoint
+    def doit(self, c: ActorMeshRef) -> list[int]:
+        return c.value.call().get(timeout=30).values()
+
+
+class To(Actor):
+    @endpoint
+    async def whoami(self) -> str:
+        return f"{current_actor_name()}#{current_rank().rank}"
+
+
+class From(Actor):
+    @endpoint
+    async def fetch(self, to: ActorMeshRef) -> list[str]:
+        return [v async for _, v in to.whoami.stream()]
+
+    @endpoint
+    def fetch_sync(self, to: ActorMeshRef) -> list[str]:
+        return [v for _, v in to.whoami.stream()]
+
+
+class Selfish(Actor):
+    """Waits on a call to itself: it could only run after the wait."""
+
+    def __init__(self, me: ActorMeshRef | None = None) -> None:
+        self.me = me
+
+    @endpoint
+    def keep(self, me: ActorMeshRef) -> None:
+        self.me = me
+
+    @endpoint
+    def ask_myself(self) -> int:
+        return self.me.slice(procs=current_rank().rank).answer.call_one().get(timeout=30)
+
+    @endpoint
+    def answer(self) -> int:
+        return 42
+
+
+class LoopProbe(Actor):
+    @endpoint
+    def sync_sees(self) -> str:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return "no running loop"
+        return "a running loop"
+
+    @endpoint
+    def who(self) -> tuple[str, str, int]:
+        me = context().actor_instance
+        return str(me), current_actor_name(), me.rank
+
+    @endpoint
+    def runs_its_own(self) -> int:
+        async def seven() -> int:
+            await asyncio.sleep(0)
+            return 7
+        return asyncio.run(seven())
+
+    @endpoint
+    async def get_in_async(self, c: ActorMeshRef) -> tuple[int, list[str]]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = c.value.choose().get(timeout=30)
+        return value, [str(w.message) for w in caught]
+
+
+@pytest.fixture(scope="module")
+def session():
+    with Session("monarch-neighbours") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def procs(session):
+    return session.spawn_procs(per_host={"procs": 2})
+
+
+@pytest.mark.timeout(120)
+def test_choose_a_sync_endpoint_waits_on_an_async_neighbour(procs):
+    v = procs.spawn("counter", Counter, 3)
+    i = procs.spawn("indirect", Indirect)
+    v.incr.broadcast()
+    result = v.value.choose().get(timeout=30)
+    assert result == 4
+    assert i.call_value.choose(v).get(timeout=30) == result
+    v2 = procs.spawn("sync_counter", SyncCounter, v)
+    assert v2.value_sync_endpoint.choose().get(timeout=30) == result
+    assert v2.value_sync_endpoint.call().get(timeout=30).values() == [4, 4]
+    assert v2.slice(procs=0).twice.call_one().get(timeout=30) == [4, 5]
+
+
+@pytest.mark.timeout(120)
+def test_value_mesh_a_sync_endpoint_casts_to_a_mesh_with_a_member_on_its_proc(procs):
+    counter = procs.spawn("vm_counter", Counter, 0)
+    counter.slice(procs=1).incr.broadcast()
+    x = counter.value.call().get(timeout=30)
+    assert x.values() == [0, 1]
+    n = procs.spawn("ctc", CastToCounter)
+    assert n.slice(procs=0).doit.call_one(counter).get(timeout=30) == x.values()
+
+
+@pytest.mark.timeout(120)
+def test_mesh_passed_to_mesh_streams_from_neighbours_async_and_sync(procs):
+    f = procs.spawn("from", From)
+    t = procs.spawn("to", To)
+    t.whoami.call().get(timeout=30)
+    everything = [y for _, got in f.fetch.stream(t) for y in got]
+    assert len(everything) == 4 and len(set(everything)) == 2
+    assert set(f.slice(procs=1).fetch_sync.call_one(t).get(timeout=30)) == set(everything)
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_waiting_on_itself_fails_at_once_naming_both_ends(procs):
+    s = procs.spawn("selfish", Selfish)
+    s.keep.call(s).get(timeout=30)
+    with pytest.raises(ActorError) as e:
+        s.slice(procs=1).ask_myself.call_one().get(timeout=10)
+    assert e.value.exc_type == "DeadlockError"
+    assert "selfish" in e.value.message and "answer" in e.value.message
+    assert s.slice(procs=1).answer.call_one().get(timeout=30) == 42  # it serves on
+
+
+@pytest.mark.timeout(120)
+def test_a_sync_endpoint_sees_no_running_loop_and_get_in_an_async_one_warns(procs):
+    p = procs.spawn("probe", LoopProbe)
+    c = procs.spawn("probe_counter", Counter, 9)
+    assert p.slice(procs=0).sync_sees.call_one().get(timeout=30) == "no running loop"
+    assert p.slice(procs=0).runs_its_own.call_one().get(timeout=30) == 7
+    shown, name, rank = p.slice(procs=1).who.call_one().get(timeout=30)
+    assert shown == name and shown.startswith("probe{") and rank == 1
+    value, warned = p.slice(procs=0).get_in_async.call_one(c.slice(procs=1)).get(timeout=30)
+    assert value == 9
+    assert any("active event loop" in w for w in warned), warned
