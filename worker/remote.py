@@ -35,6 +35,7 @@ log = structlog.get_logger("regent.actor")
 
 _client: ActorClient | None = None  # this proc's, set when the proc starts
 # A hollow host's procs share one process (worker/hollow.py): each sets its own while it serves.
+MAX_SCOPED_NAME = 1000  # an actor-spawned mesh's name with its owners' (the wire allows 1024)
 serving_client: contextvars.ContextVar[ActorClient | None] = contextvars.ContextVar("regent_client", default=None)
 
 
@@ -292,7 +293,8 @@ class ProcMeshRef(_MeshRef):
 
     def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> ActorMeshRef:
         """Create one actor per proc, owned by the calling actor; returns once every __init__
-        ran. Its name is the session's: no other mesh of that name may live on these procs.
+        ran. Its name is scoped by its owner's, `owner[rank].name`: the owner may not spawn a
+        second mesh of that name while the first lives.
         A member that fails is reported to the owner's `__supervise__(failure)`, and the mesh is
         stopped when its owner ends (docs/design.md, "Calls made by actors")."""
         if not isinstance(name, str) or not name or len(name) > 200:
@@ -301,6 +303,12 @@ class ProcMeshRef(_MeshRef):
         if program is not None:  # a proc mesh an actor sent back: the program's spawn, supervised as any
             return program.mesh_of(self).spawn(name, actor_class, *args, **kwargs)
         client, site = _site(f"spawning {name}")
+        # Scoped by its owner, as Monarch's are by their parent: two actors may each spawn a
+        # child mesh of one name on the same procs.
+        name = f"{site.actor}[{site.point}].{name}"
+        if len(name) > MAX_SCOPED_NAME:
+            raise ValueError(f"actor mesh name {name[:200]}... is {len(name)} characters with its owners' names: "
+                             f"meshes spawned by actors nest at most {MAX_SCOPED_NAME} characters deep")
         origin = site.child()
         frames = wire.dumps((class_ref(actor_class), args, kwargs))
         identity = (actor_class.__module__, actor_class.__qualname__, args, kwargs)

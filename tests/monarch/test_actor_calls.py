@@ -245,7 +245,7 @@ def test_a_callee_that_fails_gives_the_calling_actor_a_supervision_error(procs, 
 
 def test_an_actor_spawns_a_child_mesh_on_its_own_proc_and_returns_it(caller):
     child = caller.spawn_child.call_one("child", 40).get(timeout=60)
-    assert isinstance(child, ActorMeshRef) and child.name == "child" and len(child) == 1
+    assert isinstance(child, ActorMeshRef) and child.name == "caller[0].child" and len(child) == 1
     # The reference goes back to an actor, which calls it.
     assert caller.read.call_one(child).get(timeout=30) == 41
     with pytest.raises(ActorError, match="already lives"):

@@ -196,3 +196,28 @@ def test_a_sync_endpoint_sees_no_running_loop_and_get_in_an_async_one_warns(proc
     value, warned = p.slice(procs=0).get_in_async.call_one(c.slice(procs=1)).get(timeout=30)
     assert value == 9
     assert any("active event loop" in w for w in warned), warned
+
+
+class Kid(Actor):
+    @endpoint
+    def whose(self) -> str:
+        return context().mesh
+
+
+class Parent(Actor):
+    """Monarch's ErrorActorWithSupervise: spawns its child mesh, always of one name, in __init__."""
+
+    def __init__(self, procs) -> None:
+        self.kids = procs.spawn("error_actor", Kid)
+
+    @endpoint
+    def ask(self) -> list[str]:
+        return self.kids.whose.call().get(timeout=30).values()
+
+
+@pytest.mark.timeout(120)
+def test_owners_spawning_a_child_mesh_of_one_name_on_the_same_procs_do_not_collide(procs):
+    a = procs.spawn("parent_a", Parent, procs)  # two owners, each spawning "error_actor" on both procs
+    b = procs.spawn("parent_b", Parent, procs)
+    assert a.ask.call().get(timeout=30).values() == [["parent_a[0].error_actor"] * 2, ["parent_a[1].error_actor"] * 2]
+    assert b.slice(procs=1).ask.call_one().get(timeout=30) == ["parent_b[1].error_actor"] * 2

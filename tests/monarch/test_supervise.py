@@ -100,7 +100,7 @@ def test_a_childs_failure_handled_by_its_owner_leaves_the_owner_serving(procs):
     owner = procs.slice(procs=0).spawn("owner-handles", Owner, True)
     owner.spawn_here.call_one("kid-a").get(timeout=30)
     assert owner.break_child.call_one("quit").get(timeout=30) == "exit"
-    assert _failures(owner) == ["kid-a{'procs': 0/1}: child gave up"]
+    assert _failures(owner) == ["owner-handles[0].kid-a{'procs': 0/1}: child gave up"]  # scoped by its owner
     assert owner.ping.call_one().get(timeout=30) == "owner pong"
 
 
@@ -124,7 +124,7 @@ def test_an_unhandled_childs_failure_fails_the_owner_and_reaches_the_controller(
         while time.monotonic() < deadline:  # the owner fails at the first message after the offer
             owner.ping.call_one().get(timeout=30)
             time.sleep(0.05)
-    assert f"its child kid-{name}" in str(failed.value) and why in str(failed.value)
+    assert f"its child {name}[0].kid-{name}" in str(failed.value) and why in str(failed.value)
     procs.slice(procs=1).spawn(f"after-{name}", Child).ping.call_one().get(timeout=30)  # a session call
     assert any(f.mesh == name and why in f.reason for f in faults), faults
 
