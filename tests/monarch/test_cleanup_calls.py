@@ -157,3 +157,33 @@ def test_a_call_to_a_stopped_actor_says_it_was_stopped_and_by_whom(session):
     said = asker.ask.call_one(printer).get(timeout=30)
     assert "no actor 'printer'" in said and "printer was stopped by the program" in said, said
     procs.stop()
+
+
+class RunForeverOnInitActor(Actor):
+    """Monarch's test_run_forever_on_init, with its work as a task its __init__ starts: it
+    spawns a counter, sends it through the program's port, and never ends."""
+
+    def __init__(self, procs: ProcMeshRef, port) -> None:
+        import asyncio
+
+        async def forever() -> None:
+            counter = procs.spawn("counter_from_init", Counter, 42)
+            port.send(counter)
+            await asyncio.Event().wait()
+
+        self.work = asyncio.get_running_loop().create_task(forever())
+
+    @endpoint
+    async def unreachable(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_run_forever_on_init_its_side_effects_arrive_and_the_actor_stops(session):
+    procs = session.spawn_procs(per_host={"procs": 1})
+    port, rx = session.open_port()
+    forever = procs.spawn("forever", RunForeverOnInitActor, procs, port)
+    counter = rx.recv().get(timeout=30)
+    assert counter.value.call_one().get(timeout=30) == 42
+    forever.stop()
+    procs.stop()
