@@ -127,6 +127,7 @@ class Session:
         self._lifecycle = Lifecycle(self)
         self._ports: ControllerPorts | None = None
         self._own_proc: ProcMesh | None = None
+        self._singletons: dict[str, ActorMesh] = {}  # get_or_spawn_controller's actors, by name
         offer_program(self)  # this_proc(), Channel.open() and Port.send in this program
         self._checkpoints = Checkpoints(self)
         self._get_hook, self._flush_hook, self._decode_hook = self._get, self.runtime.flush, self._engine.decode
@@ -496,6 +497,18 @@ class Session:
         if self._own_proc is None:  # at the same point of the program on every replay
             self._own_proc = self.this_host().spawn_procs(per_host={"procs": 1})
         return self._own_proc
+
+    def get_or_spawn_controller(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> ActorMesh:
+        """Monarch's `get_or_spawn_controller`: the one actor named `name` on the program's own
+        proc (`this_proc()`), spawned by the first call with that name; later calls return it
+        (their arguments unused). A journaled spawn like any, at the same point of a replay."""
+        found = self._singletons.get(name)
+        if found is None:
+            found = self._singletons[name] = self.this_proc().spawn(name, actor_class, *args, **kwargs)
+        elif found._class is not actor_class:
+            raise TypeError(f"the controller actor {name!r} is a {found._class.__name__}, not a "
+                            f"{actor_class.__name__}: pick another name")
+        return found
 
     def mesh_of(self, ref: ActorMeshRef | ProcMeshRef) -> ActorMesh | ProcMesh:
         """The mesh a reference names, as this program calls it: a reference an actor sent back

@@ -26,12 +26,13 @@ _EXPORTS = {
         "regent.controller"),
     "RestartPolicy": "regent.worker.supervision",
     **dict.fromkeys(("Accumulator", "ActorMeshRef", "Channel", "Port", "PortReceiver", "ProcMeshRef",
-                     "current_actor_name", "send", "this_host", "this_proc"), "regent.worker"),
+                     "current_actor_name", "get_or_spawn_controller", "send", "this_host", "this_proc"),
+                    "regent.worker"),
 }
 
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "ActorMeshRef", "Channel", "Port", "PortReceiver",
-    "ProcMeshRef", "current_actor_name", "send", "this_host", "this_proc", "DivergenceError", "Endpoint", "FencedError", "Future",
+    "ProcMeshRef", "current_actor_name", "get_or_spawn_controller", "send", "this_host", "this_proc", "DivergenceError", "Endpoint", "FencedError", "Future",
     "HostMesh", "LeadershipLost", "MeshFailure", "MessageTooLarge", "NonDeterminismError", "Point", "ProcMesh",
     "RegentError", "RestartPolicy", "Session", "SupervisionError", "ValueMesh", "concurrent_endpoint",
     "context", "current_rank", "current_size", "endpoint",
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
         PortReceiver,
         ProcMeshRef,
         current_actor_name,
+        get_or_spawn_controller,
         send,
         this_host,
         this_proc,

@@ -24,7 +24,15 @@ from regent.worker.errors import (
     SupervisionError,
 )
 from regent.worker.ports import Accumulator, Channel, Port, PortReceiver
-from regent.worker.remote import ActorMeshRef, ProcMeshRef, RemoteFuture, send, this_host, this_proc
+from regent.worker.remote import (
+    ActorMeshRef,
+    ProcMeshRef,
+    RemoteFuture,
+    get_or_spawn_controller,
+    send,
+    this_host,
+    this_proc,
+)
 from regent.worker.shape import Point, ValueMesh
 from regent.worker.supervision import RestartPolicy
 
@@ -32,6 +40,6 @@ __all__ = [
     "Accumulator", "Actor", "ActorContext", "ActorError", "ActorMeshRef", "Channel", "DeadlockError", "DivergenceError",
     "FencedError", "MessageTooLarge", "Point", "Port", "PortReceiver", "ProcMeshRef", "ProtocolError", "RegentError", "RemoteFuture", "RestartPolicy", "SupervisionError",
     "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
-    "send", "this_host",
+    "get_or_spawn_controller", "send", "this_host",
     "this_proc",
 ]

@@ -334,6 +334,18 @@ def proc_ref(session: str, dims: Mapping[str, int], targets: Sequence[Target], k
     return ProcMeshRef(session, tuple(dims.items()), tuple(targets), tuple(keys), epoch)
 
 
+def get_or_spawn_controller(name: str, actor_class: type, *args: Any, **kwargs: Any) -> Any:
+    """Monarch's singleton actors of the client process: in the controller program, the one
+    actor named `name` on the program's own proc, spawned on first use (`Session.
+    get_or_spawn_controller`). Blocks until it is there and returns its mesh (Monarch returns
+    a future of it). An actor is handed the mesh as an argument instead (docs/monarch.md)."""
+    program = program_side(f"get_or_spawn_controller({name!r})")
+    if program is None:
+        raise RuntimeError(f"get_or_spawn_controller({name!r}) inside an actor: regent's controller actors are "
+                           "the program's; have the program call it and pass the mesh to this actor")
+    return program.get_or_spawn_controller(name, actor_class, *args, **kwargs)
+
+
 def this_proc() -> Any:
     """The proc the running actor lives on, as a one-proc mesh (Monarch's `this_proc()`). In the
     controller program: the program's own proc, on the controller's machine (`s.this_proc()`)."""

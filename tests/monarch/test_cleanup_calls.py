@@ -187,3 +187,49 @@ def test_run_forever_on_init_its_side_effects_arrive_and_the_actor_stops(session
     assert counter.value.call_one().get(timeout=30) == 42
     forever.stop()
     procs.stop()
+
+
+class _StoreActor(Actor):
+    def __init__(self) -> None:
+        self._store: dict = {}
+
+    @endpoint
+    def put(self, key: str, value: int) -> None:
+        self._store[key] = value
+
+    @endpoint
+    def get(self, key: str) -> int:
+        return self._store[key]
+
+
+class Reader(Actor):
+    @endpoint
+    def read(self, store: ActorMeshRef, key: str) -> int:
+        return store.get.call_one(key).get(timeout=30)
+
+    @endpoint
+    def own_controller(self) -> str:
+        from regent import get_or_spawn_controller
+
+        try:
+            get_or_spawn_controller("store", _StoreActor)
+        except RuntimeError as e:
+            return str(e)
+        return ""
+
+
+@pytest.mark.timeout(120)
+def test_get_or_spawn_controller_gives_the_programs_one_actor_of_a_name(session):
+    from regent import get_or_spawn_controller
+
+    store = get_or_spawn_controller("store", _StoreActor)
+    store.put.call_one("a", 1).get(timeout=30)
+    assert get_or_spawn_controller("store", _StoreActor) is store  # the same one, not spawned again
+    assert get_or_spawn_controller("store", _StoreActor).get.call_one("a").get(timeout=30) == 1
+    with pytest.raises(TypeError, match="is a _StoreActor, not a Reader"):
+        get_or_spawn_controller("store", Reader)
+    procs = session.spawn_procs(per_host={"procs": 1})
+    reader = procs.spawn("reader", Reader)
+    assert reader.read.call_one(store, "a").get(timeout=30) == 1  # handed to an actor as a mesh
+    assert "pass the mesh to this actor" in reader.own_controller.call_one().get(timeout=30)
+    procs.stop()
