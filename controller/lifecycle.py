@@ -152,7 +152,10 @@ class Lifecycle:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"actor mesh name {name!r} must be a non-empty string")
         if name in self.actor_names:
-            raise ValueError(f"an actor mesh named {name!r} already exists in this session")
+            if not self._lost(name):
+                raise ValueError(f"an actor mesh named {name!r} already exists in this session: stop it first "
+                                 "(mesh.stop()), or pick another name")
+            self._free(name)
         s = self.s
         procs = mesh.procs()
         dims = mesh.dims
@@ -242,6 +245,18 @@ class Lifecycle:
         sink.future.get()
         if len(mesh._view) == len(mesh._procs) and mesh._class is not None:  # not a mesh an actor spawned
             self._free(mesh.name)
+
+    def _lost(self, name: str) -> bool:
+        """Whether the mesh `name` is gone with every proc it lived on (a crash killed them), so
+        that its name may be spawned again, as Monarch allows. A supervised mesh is not: its
+        policy brings it back. Replaying, the journal's spawn is the leader's decision."""
+        if self.s.replaying:
+            return True
+        state = self.s._supervisor.meshes.get(name)
+        if state is not None and state.supervisor is not None:
+            return False
+        on = self._placed.get(name)
+        return bool(on) and all(not p.alive for p in on)
 
     def _free(self, name: str) -> None:
         """A mesh whose actors are all stopped, or whose procs are: its name may be spawned again."""

@@ -112,8 +112,8 @@ class FaultActor(Actor):
 
 @pytest.mark.timeout(120)
 def test_sigsegv_then_stop_then_a_mesh_of_the_same_name_on_new_procs():
-    """Monarch's test_sigsegv_handling: the name of a mesh whose procs the program stopped is
-    free again."""
+    """Monarch's test_sigsegv_handling: the name of a mesh whose procs died, or were stopped,
+    is free again."""
     from regent.worker import SupervisionError
 
     with Session("monarch-sigsegv", on_unhandled_fault=lambda failure: None) as s:
@@ -124,7 +124,15 @@ def test_sigsegv_then_stop_then_a_mesh_of_the_same_name_on_new_procs():
             actor.sigsegv.call().get(timeout=60)
         with pytest.raises(SupervisionError):
             actor.check.call().get(timeout=60)
-        procs.stop()
+        # Its procs are dead: the name is free for a mesh on new procs, stopped or not.
+        again = s.spawn_procs(per_host={"procs": 2})
+        assert again.spawn("fault", FaultActor).check.call().get(timeout=30).values() == ["ok", "ok"]
+        with pytest.raises(ValueError, match="already exists"):
+            again.spawn("fault", FaultActor)  # that one lives
+        procs.stop()  # the dead procs: the live mesh keeps its name
+        with pytest.raises(ValueError, match="already exists"):
+            again.spawn("fault", FaultActor)
+        again.stop()
         procs = s.spawn_procs(per_host={"procs": 2})
         actor = procs.spawn("fault", FaultActor)
         assert actor.check.call().get(timeout=30).values() == ["ok", "ok"]
