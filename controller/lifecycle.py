@@ -247,14 +247,16 @@ class Lifecycle:
             self._free(mesh.name)
 
     def _lost(self, name: str) -> bool:
-        """Whether the mesh `name` is gone with every proc it lived on (a crash killed them), so
-        that its name may be spawned again, as Monarch allows. A supervised mesh is not: its
-        policy brings it back. Replaying, the journal's spawn is the leader's decision."""
+        """Whether the mesh `name` is gone: every member failed (or was stopped), or every proc it
+        lived on died; its name may then be spawned again, as Monarch allows. A supervised mesh
+        is not: its policy brings it back. Replaying, the journal's spawn is the leader's decision."""
         if self.s.replaying:
             return True
         state = self.s._supervisor.meshes.get(name)
         if state is not None and state.supervisor is not None:
             return False
+        if state is not None and len(state.failed | state.stopped) >= len(state.procs):
+            return True  # every member failed (an actor that raised its way out) or was stopped
         on = self._placed.get(name)
         return bool(on) and all(not p.alive for p in on)
 

@@ -49,6 +49,7 @@ class MeshState:
     spawn_seq: int = -1  # the seq of the spawn that made it (a name may be spawned again)
     down: set[int] = field(default_factory=set)  # members their policy left down
     stopped: set[int] = field(default_factory=set)  # members the program stopped: never restarted
+    failed: set[int] = field(default_factory=set)  # members of an unsupervised mesh that failed: gone for good
     rebuilt_at: dict[int, float] = field(default_factory=dict)  # rank -> when its last restart finished
     shape: Shape | None = None  # the proc mesh it was spawned on whole, which a shrink reshapes
     preload: tuple[str, ...] = ()  # modules its actor class needs (what warm spares import)
@@ -160,6 +161,7 @@ class Supervisor:
         if state is None or rank in state.stopped or rank not in state.ready:  # (a rank a shrink took away)
             return
         if state.supervisor is None:  # unsupervised: nothing handles it
+            state.failed.add(rank)
             if self.membership.is_group(mesh):  # a process group's own actor: re-formed with the mesh
                 return
             if abnormal and self.on_unhandled is not None:

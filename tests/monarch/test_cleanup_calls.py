@@ -241,3 +241,31 @@ def test_get_or_spawn_controller_gives_the_programs_one_actor_of_a_name(session)
     assert reader.read.call_one(store, "a").get(timeout=30) == 1  # handed to an actor as a mesh
     assert "pass the mesh to this actor" in reader.own_controller.call_one().get(timeout=30)
     procs.stop()
+
+
+class Quitter(Actor):
+    @endpoint
+    def quit(self) -> None:
+        from regent.worker.errors import ActorExit
+
+        raise ActorExit("done here")
+
+    @endpoint
+    def check(self) -> str:
+        return "ok"
+
+
+@pytest.mark.timeout(120)
+def test_a_mesh_whose_members_all_failed_frees_its_name_on_live_procs():
+    from regent.worker import SupervisionError
+
+    with Session("monarch-failed-name", on_unhandled_fault=lambda failure: None) as s:
+        procs = s.spawn_procs(per_host={"procs": 2})
+        q = procs.spawn("quitter", Quitter)
+        with pytest.raises(SupervisionError):
+            q.slice(procs=0).quit.call_one().get(timeout=30)
+        with pytest.raises(ValueError, match="already exists"):
+            procs.spawn("quitter", Quitter)  # one member still lives
+        with pytest.raises(SupervisionError):
+            q.slice(procs=1).quit.call_one().get(timeout=30)
+        assert procs.spawn("quitter", Quitter).check.call().get(timeout=30).values() == ["ok", "ok"]
