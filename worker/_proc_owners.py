@@ -35,6 +35,7 @@ class _Owners:
     actors: dict[str, _Slot]
     _born_with: dict[str, list]  # meshes spawned by actors still in __init__
     _async_running: int  # async endpoint calls (and hooks) in flight: the loop must run them
+    stopping: bool  # the proc is on its way out
 
     def _supervise(self, slot: _Slot, seq: int, point: int, payload: list, o: str) -> bool:
         """Offer a child's failure to the owner's `__supervise__(failure)`: True (handled) or the owner
@@ -104,12 +105,27 @@ class _Owners:
         slot.children.clear()
 
     def _stop_meshes(self, origin: str, meshes: list) -> None:
-        for k, child in enumerate(meshes):
-            if isinstance(child, OwnedProcs):  # after the meshes spawned before them, as listed
-                self.client.ask_host(child.host, "stop_procs", {"ids": list(child.ids)})
-                continue
-            for rank, target in zip(child.ranks, child.targets, strict=True):
-                self.client.send(Kind.STOP, target, -1, child.name, rank, f"{origin}#{k}", "__stop__", b"", [])
+        """Stop the meshes, then the procs: an actor on an owned proc gets its stop, and its
+        __cleanup__ runs and may call, before its proc goes."""
+        stops = [self.client.send(Kind.STOP, target, -1, child.name, rank, f"{origin}#{k}", "__stop__", b"", [])
+                 for k, child in enumerate(meshes) if not isinstance(child, OwnedProcs)
+                 for rank, target in zip(child.ranks, child.targets, strict=True)]
+        procs = [child for child in meshes if isinstance(child, OwnedProcs)]
+        if not procs:
+            return
+
+        asked: list[bool] = []
+
+        def stop_procs(_: Any = None, now: bool = False) -> None:
+            if not asked and (now or all(f.done() for f in stops)):
+                asked.append(True)
+                for child in procs:
+                    self.client.ask_host(child.host, "stop_procs", {"ids": list(child.ids)})
+
+        if not stops or self.stopping:  # a proc on its way out asks now: it will not be there later
+            stop_procs(None, now=True)
+        for f in stops:  # each answered, or failed once its proc is found gone
+            f.add_done_callback(stop_procs)
 
     def _tell_owner(self, slot: _Slot, reason: str) -> None:
         """An owned actor failed: its owner's proc hears of it (worker/remote.py ProcMeshRef.spawn)."""

@@ -46,7 +46,7 @@ from regent.wire.transport import (
     spin_budget_s,
     spin_until_readable,
 )
-from regent.worker._bodies import Body, Waiters, _Gone
+from regent.worker._bodies import Body, Waiters, _Gone, current_body
 from regent.worker._bodies import start as start_body
 from regent.worker._host_watch import _environment_of, _HostWatch
 from regent.worker._proc_answers import _Answers
@@ -417,16 +417,17 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
             self._finish(seq, actor, point, "err", o=o, et="ValueError", tb="",
                          em=f"an actor named {actor!r} already lives on proc {self.proc_id}: pick another name")
             return
-        slot = self._construct(actor, point, meta, int(meta.get("inc", 0)), payload,
-                               partial(self._finish_error, seq, actor, point, o=o), CallSite(seq, o, actor, point))
-        if slot is None:
-            return
-        if actor in self.actors:
-            self._retire(self.actors[actor], f"actor {actor} was spawned again")
-        slot.owner = meta.get("ow")
-        self.actors[actor] = slot
-        self._ended.pop(actor, None)
-        self._finish(seq, actor, point, "ok", o=o, pid=os.getpid())
+
+        def built(slot: _Slot) -> None:
+            if actor in self.actors:
+                self._retire(self.actors[actor], f"actor {actor} was spawned again")
+            slot.owner = meta.get("ow")
+            self.actors[actor] = slot
+            self._ended.pop(actor, None)
+            self._finish(seq, actor, point, "ok", o=o, pid=os.getpid())
+
+        self._construct(actor, point, meta, int(meta.get("inc", 0)), payload,
+                        partial(self._finish_error, seq, actor, point, o=o), CallSite(seq, o, actor, point), built)
 
     def _on_restart(self, restart: Deliver) -> None:
         """A supervisor rebuilds an actor (new incarnation) from its original spawn arguments."""
@@ -446,37 +447,51 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
             if rt:
                 self._reply(rt, Kind.RESULT, self.core.result_meta(-1, actor, point, "err", n=n, **error_fields(e)))
 
-        slot = self._construct(actor, point, meta, inc, payload, failed, CallSite(-1, f"restart{inc}", actor, point))
-        if slot is None:
-            return
-        self.actors[actor] = slot
-        self._ended.pop(actor, None)
-        if rt:
-            self._reply(rt, Kind.RESULT, self.core.result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(), inc=inc))
+        def built(slot: _Slot) -> None:
+            self.actors[actor] = slot
+            self._ended.pop(actor, None)
+            if rt:
+                self._reply(rt, Kind.RESULT, self.core.result_meta(-1, actor, point, "ok", n=n, pid=os.getpid(), inc=inc))
+
+        self._construct(actor, point, meta, inc, payload, failed, CallSite(-1, f"restart{inc}", actor, point), built)
 
     def _construct(self, actor: str, point: int, meta: dict, incarnation: int, payload: list,
-                   failed: Callable[[Exception], None], site: CallSite) -> _Slot | None:
+                   failed: Callable[[Exception], None], site: CallSite, built: Callable[[_Slot], None]) -> None:
         """Build actor `actor` from its spawn arguments, its context current while __init__ runs
-        (and `site`, what the calls __init__ makes derive their ids from). What loading or
-        constructing the class raised goes to `failed`, and None comes back."""
+        (and `site`, what the calls __init__ makes derive their ids from), then `built(slot)`.
+        __init__ runs as a sync endpoint does (worker/_bodies.py): while it waits for a call the
+        proc serves on, and `built` comes once it has returned. What loading or constructing the
+        class raised goes to `failed` instead."""
         sizes = dict(meta.get("sz") or {})
         ctx = ActorContext(mesh=actor, rank=point, point=Point(point, dict(meta.get("co") or {}), sizes),
                            proc_index=self.index, incarnation=incarnation, sizes=sizes)
-        token = _current.set(ctx)
-        calling = _calling.set(site)
-        try:
-            ref, args, kwargs = wire.loads(payload)
-            cls = load_class(ref)
-            instance = cls(*args, **kwargs)
-        except Exception as e:
-            failed(e)
-            self._stop_meshes(f"{actor}[{point}]@{incarnation}/stop", self._born_with.pop(actor, []))
-            return None
-        finally:
-            _calling.reset(calling)
-            _current.reset(token)
-        children = self._born_with.pop(actor, [])
-        return _Slot(actor, instance, endpoint_names(cls), ctx, children=children)
+
+        def run() -> _Slot | None:
+            token = _current.set(ctx)
+            calling = _calling.set(site)
+            try:
+                ref, args, kwargs = wire.loads(payload)
+                cls = load_class(ref)
+                instance = cls(*args, **kwargs)
+            except Exception as e:
+                failed(e)
+                self._stop_meshes(f"{actor}[{point}]@{incarnation}/stop", self._born_with.pop(actor, []))
+                return None
+            finally:
+                _calling.reset(calling)
+                _current.reset(token)
+            return _Slot(actor, instance, endpoint_names(cls), ctx, children=self._born_with.pop(actor, []))
+
+        def then(body: Body) -> None:
+            if body.result is not None and not self.stopping:
+                built(body.result)
+
+        body = Body(run, then)
+        if current_body() is not None:  # cannot happen from the loop's dispatch; kept inline if it does
+            body.result = run()
+            then(body)
+        elif start_body(body, self.loop, self.waiters.idle):
+            then(body)
 
     def _on_stop(self, stop: Deliver) -> None:
         actor, seq, point, o = stop.actor, stop.seq, stop.point, stop.origin

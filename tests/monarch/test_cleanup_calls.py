@@ -179,7 +179,7 @@ class RunForeverOnInitActor(Actor):
             port.send(counter)
             await asyncio.Event().wait()
 
-        self.work = asyncio.get_running_loop().create_task(forever())
+        self.work = asyncio.get_event_loop().create_task(forever())  # the proc's loop; none runs in __init__
 
     @endpoint
     async def unreachable(self) -> None:

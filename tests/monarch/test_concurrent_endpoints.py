@@ -199,7 +199,7 @@ def test_stopping_an_actor_cancels_its_concurrent_calls_before_its_cleanup(procs
     assert mesh.running.call_one().get(timeout=5)
     mesh.stop()
     assert path.read_text() == "cancelled\ncleanup None\n"
-    with pytest.raises(SupervisionError, match="was stopped while this call ran"):
+    with pytest.raises(SupervisionError, match="was stopped by the program while this call ran"):
         running.get(timeout=5)
 
 

@@ -221,3 +221,22 @@ def test_owners_spawning_a_child_mesh_of_one_name_on_the_same_procs_do_not_colli
     b = procs.spawn("parent_b", Parent, procs)
     assert a.ask.call().get(timeout=30).values() == [["parent_a[0].error_actor"] * 2, ["parent_a[1].error_actor"] * 2]
     assert b.slice(procs=1).ask.call_one().get(timeout=30) == ["parent_b[1].error_actor"] * 2
+
+
+class InitCaller(Actor):
+    """Its __init__ waits on an async endpoint of its own proc."""
+
+    def __init__(self, c: ActorMeshRef) -> None:
+        self.seen = c.slice(procs=current_rank().rank).value.call_one().get(timeout=30)
+
+    @endpoint
+    def seen_at_init(self) -> int:
+        return self.seen
+
+
+@pytest.mark.timeout(120)
+def test_an_init_waits_on_an_async_neighbour_and_its_spawn_returns_after(procs):
+    c = procs.spawn("init_counter", Counter, 5)
+    c.slice(procs=1).incr.broadcast()
+    ic = procs.spawn("init_caller", InitCaller, c)
+    assert ic.seen_at_init.call().get(timeout=30).values() == [5, 6]
