@@ -1,6 +1,6 @@
 """A controller program for the actor-call failover test: actors that call other actors
 through meshes they were given (at spawn, as arguments), spawn their own child meshes, and
-call with every adverb, send values into a port the controller opened (their own, and their
+call with every adverb, clean up with calls when the program stops them, send values into a port the controller opened (their own, and their
 answers to Monarch's send()) and receive what the program sends into theirs; the program also
 calls a mesh an actor spawned and uses a proc of its own (this_proc()), while the test
 SIGKILLs successive primaries.
@@ -74,6 +74,17 @@ class Store(Actor):
     @endpoint
     def report(self) -> dict[str, int]:
         return dict(self.seen)
+
+
+class Temp(Actor):
+    """Spawned and stopped by the program; its __cleanup__ calls every store member, under ids
+    derived from the stop, so a stop sent again by a new leader makes none of them twice."""
+
+    def __init__(self, store: ActorMeshRef, token: str) -> None:
+        self.store, self.token = store, token
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        self.store.put.call(self.token, 1).get(timeout=60)
 
 
 class Relay(Actor):
@@ -168,6 +179,7 @@ def main() -> None:
                 out.append(relay.slice(procs=(i // 6 + 1) % 3).through.call_one(store, "t", i).get())
             elif k == 3:
                 relay.forward.broadcast("b", i)
+                procs.slice(procs=i // 6 % 3).spawn(f"temp{i}", Temp, store, f"cl{i}").stop()
             elif k == 5:
                 out.append(relay.slice(procs=(i // 6 + 2) % 3).collect.call_one("p", i).get())
             elif i // 6 % 2 == 0:  # every relay sends two values to the controller's port
