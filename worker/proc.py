@@ -31,7 +31,6 @@ from typing import Any
 
 import structlog
 import zmq
-from greenlet import GreenletExit
 
 from regent import wire
 from regent.wire import Kind, ProtocolError, schema
@@ -46,14 +45,15 @@ from regent.wire.transport import (
     spin_budget_s,
     spin_until_readable,
 )
-from regent.worker._bodies import Body, Waiters, _Gone, current_body
+from regent.worker._bodies import Body, Waiters, current_body
 from regent.worker._bodies import start as start_body
 from regent.worker._host_watch import _environment_of, _HostWatch
 from regent.worker._proc_answers import _Answers
 from regent.worker._proc_ending import CLOSE_S, _Ending
 from regent.worker._proc_out import _Outbound
 from regent.worker._proc_owners import SUPERVISE_ACTOR, _Owners
-from regent.worker._slot import _arguments, _how, _Run, _Slot
+from regent.worker._proc_run import _Running
+from regent.worker._slot import _how, _Slot
 from regent.worker.actor import (
     ActorContext,
     CallSite,
@@ -64,7 +64,6 @@ from regent.worker.actor import (
 from regent.worker.classref import load_class
 from regent.worker.client import ActorClient
 from regent.worker.errors import (
-    ActorExit,
     error_fields,
 )
 from regent.worker.logsetup import prefix_actor_logs
@@ -79,7 +78,7 @@ log = structlog.get_logger("regent.proc")
 READ_SLICE_S = 0.005  # the longest the reader spins for more calls before the loop runs again
 
 
-class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
+class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
     """host_pid: the agent that started this proc, watched so that its death is noticed
     (None: nothing watches). origin: what a successor agent needs to adopt this proc: the
     request that started it ("s", "size", "pos" or "old") and the session's "orphan_s"."""
@@ -122,6 +121,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = loop or asyncio.new_event_loop()
         self.waiters = Waiters(self.loop)  # sync endpoints waiting for a call (worker/_bodies.py)
+        self._deferred: list[_Slot] | None = None  # actors a batch queued calls for (_proc_run)
         self.output: OutputForwarder | None = None
         self.stopping = False
         self.dropped = 0
@@ -235,15 +235,25 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
             self.dropped += 1
             log.exception("dropped message that failed to dispatch", proc=self.proc_id)
             return
-        for sub in subs:  # each as if it had come alone: one bad message spoils no other
-            try:
-                kind, meta, payload = schema.PROC.decode_one(sub)
-                self._dispatch(kind, meta, payload, frames[0])
-            except ProtocolError as e:
-                self._drop(frames, e)
-            except Exception:
-                self.dropped += 1
-                log.exception("dropped message from a batch that failed to dispatch", proc=self.proc_id)
+        # Each as if it had come alone (one bad message spoils no other), but an actor's calls
+        # are queued before any runs, so that a run of them is one greenlet switch (_proc_run).
+        # Anything else first runs what was queued before it.
+        self._deferred = []
+        try:
+            for sub in subs:
+                try:
+                    kind, meta, payload = schema.PROC.decode_one(sub)
+                    if kind is not Kind.CALL or meta.get("a") in (PORT_ACTOR, SUPERVISE_ACTOR):
+                        self._run_deferred()
+                    self._dispatch(kind, meta, payload, frames[0])
+                except ProtocolError as e:
+                    self._drop(frames, e)
+                except Exception:
+                    self.dropped += 1
+                    log.exception("dropped message from a batch that failed to dispatch", proc=self.proc_id)
+        finally:
+            self._run_deferred()
+            self._deferred = None
 
     def _drop(self, frames: list, e: ProtocolError) -> None:
         self.dropped += 1
@@ -284,7 +294,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
                 self._finish(seq, actor, point, "noactor", o=o, em=f"no actor {method!r} on proc {self.proc_id}")
                 return
             if owner.mailbox.put((seq, point, SUPERVISE_ACTOR, payload, o, False)):
-                self._drain(owner)
+                self._start(owner)
             return
         slot = self.actors.get(actor)
         if slot is None:
@@ -297,117 +307,8 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending):
                          em=f"{type(slot.instance).__name__} has no endpoint {method!r}", tb="")
             return
         if slot.mailbox.put((seq, point, method, payload, o, _how(call.meta))):
-            self._drain(slot)
+            self._start(slot)
 
-
-    def _drain(self, slot: _Slot) -> None:
-        """Run queued messages one at a time: a sync endpoint inline, an async one as a task that
-        parks the mailbox until done. A concurrent endpoint's task parks it only until the task
-        has run to its first await (the next message is taken on the loop's next turn)."""
-        while (item := slot.mailbox.take()) is not None:
-            seq, point, method, payload, o, how = item
-            if slot.failed is not None:  # a child's failure it did not handle: this message finds it failed
-                self._exit(slot, seq, point, ActorExit(slot.failed, normal=False), o=o)
-                return
-            if method == SUPERVISE_ACTOR:
-                if self._supervise(slot, seq, point, payload, o):
-                    return  # an async __supervise__ holds the mailbox until it returns
-                continue
-            fn, run, explicit = slot.endpoint(method)
-            # A send with a port gives an explicit-port endpoint that port, not its call's own.
-            port = self._response_port(slot, seq, point, o) if explicit and how != "rp" else None
-            if run is not _Run.INLINE:
-                self._async_running += 1
-                task = self.loop.create_task(self._run_async(slot, seq, point, method, fn, payload, run, o, port, how))
-                slot.tasks.add(task)
-                task.add_done_callback(slot.tasks.discard)
-                if run is _Run.CONCURRENT:
-                    self.loop.call_soon(self._resume, slot)  # after the task's first step
-                return
-            body = Body(partial(self._run_inline, slot, seq, point, method, fn, payload, o, port, how, explicit),
-                        partial(self._after_body, slot))
-            if not start_body(body, self.loop, self.waiters.idle):
-                slot.body = body  # it waits for a call: the mailbox waits for it (_after_body)
-                return
-            if body.result:  # the actor ended
-                return
-
-    def _run_inline(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list, o: str,
-                    port: Any, how: str, explicit: bool) -> bool:
-        """A sync endpoint's call, in its Body: True if it ended the actor."""
-        token = _current.set(slot.ctx)
-        site = _calling.set(CallSite(seq, o, slot.name, point))
-        answer_to = None
-        try:
-            args, kwargs, answer_to = _arguments(payload, how)
-            slot.executions += 1
-            first = port or (answer_to if explicit else None)
-            value = fn(*args, **kwargs) if first is None else fn(first, *args, **kwargs)
-        except ActorExit as e:
-            self._exit(slot, seq, point, e, o=o)
-            return True
-        except Exception as e:  # an error the endpoint raised: it goes back to the caller
-            return self._raised(slot, seq, point, method, e, o, port, answer_to, how)
-        except (SystemExit, KeyboardInterrupt, GreenletExit):
-            raise
-        except _Gone:  # its actor ended while it waited for a call (_close)
-            self._finish(seq, slot.name, point, "dead", o=o, em=f"{slot.ended} while this call ran")
-            return True
-        except BaseException as e:  # noqa: BLE001 - not an error to answer with: the actor fails
-            self._fail(slot, seq, point, method, e, o=o)
-            return True
-        else:
-            self._returned(slot, seq, point, o, port, answer_to, explicit, value)
-        finally:
-            _calling.reset(site)
-            _current.reset(token)
-        return False
-
-    def _after_body(self, slot: _Slot, body: Body) -> None:
-        """A sync endpoint that waited for a call is done: its actor takes its next message."""
-        slot.body = None
-        if not body.result and slot.ended is None:
-            self._drain(slot)
-
-    def _resume(self, slot: _Slot) -> None:
-        if slot.ended is None:
-            self._drain(slot)
-
-    async def _run_async(self, slot: _Slot, seq: int, point: int, method: str, fn: Any, payload: list,
-                         run: _Run, o: str = "", port: Any = None, how: str = "") -> None:
-        token = _current.set(slot.ctx)
-        _calling.set(CallSite(seq, o, slot.name, point))  # this task's own context
-        # Only a send with a port needs the lookup: otherwise `port` says whether it takes one.
-        answer_to, explicit = None, port is not None or (how == "rp" and slot.endpoint(method)[2])
-        try:
-            args, kwargs, answer_to = _arguments(payload, how)
-            first = port or (answer_to if explicit else None)
-            slot.executions += 1
-            value = await (fn(*args, **kwargs) if first is None else fn(first, *args, **kwargs))
-        except ActorExit as e:
-            self._exit(slot, seq, point, e, o=o)
-            return
-        except Exception as e:
-            if self._raised(slot, seq, point, method, e, o, port, answer_to, how):
-                return
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as e:  # noqa: BLE001 - the actor fails; its mailbox must not stay parked
-            if isinstance(e, asyncio.CancelledError):
-                if self.stopping:
-                    raise  # the proc is shutting down and cancels what runs
-                if slot.ended is not None:  # the actor ended while this call ran (_close)
-                    self._finish(seq, slot.name, point, "dead", o=o, em=f"{slot.ended} while this call ran")
-                    return
-            self._fail(slot, seq, point, method, e, o=o)
-            return
-        else:
-            self._returned(slot, seq, point, o, port, answer_to, explicit, value)
-        finally:
-            _current.reset(token)
-            self._async_running -= 1
-        if run is _Run.TASK and slot.ended is None:
-            self._drain(slot)
 
     # --- spawn / stop ------------------------------------------------------------
 

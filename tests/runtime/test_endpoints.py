@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from regent.controller import ActorError, Point, Session, ValueMesh
-from regent.worker import Actor, current_rank, endpoint
+from regent.worker import Actor, SupervisionError, current_rank, endpoint
 
 
 class Counter(Actor):
@@ -163,6 +163,34 @@ def test_per_sender_fifo_order_is_kept(counters):
     for i in range(500):
         one.record.broadcast(i)
     assert one.recorded.call_one().get() == list(range(500))
+
+
+def test_pipelined_calls_mixed_with_async_ones_and_a_stop_keep_each_actors_order(procs):
+    """A proc queues a batch's calls before running them (one greenlet switch for an actor's run
+    of sync calls): sync and async calls of two actors keep each actor's order, and a stop sent
+    after them ends the rest of that actor's calls, each answered (an async call the stop
+    cancelled before it began too: it used to be left unanswered)."""
+    a = procs.spawn("order_a", Counter, start=0).slice(procs=0)
+    b = procs.spawn("order_b", Counter, start=0).slice(procs=0)
+    of_a, of_b = [], []
+    for i in range(300):
+        of_a.append(a.incr.call_one(1))
+        of_b.append(b.incr.call_one(2))
+        if i % 50 == 0:
+            of_a.append(a.slow_incr.call_one(1000, 0.0))
+    a.stop()
+    got_a, ended = [], 0
+    for f in of_a:
+        try:
+            value = f.get(timeout=30)
+        except SupervisionError as e:
+            assert "order_a was stopped by the program" in str(e)
+            ended += 1
+            continue
+        assert not ended, "a call ran after one the stop ended"
+        got_a.append(value)
+    assert got_a == sorted(got_a) and len(set(got_a)) == len(got_a)
+    assert [f.get(timeout=30) for f in of_b] == list(range(2, 601, 2))
 
 
 def test_futures_are_awaitable_on_the_sessions_loop(session, counters):
