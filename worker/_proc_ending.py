@@ -126,7 +126,8 @@ class _Ending:
                      normal=e.normal)
         if not e.normal:
             self._tell_owner(slot, e.reason)
-        self._retire(slot, f"actor {slot.name} stopped ({kind})", None if e.normal else cause or e, _calling.get())
+        why = f"actor {slot.name} stopped ({kind})" + ("" if e.normal else f": {e.reason}")
+        self._retire(slot, why, None if e.normal else cause or e, _calling.get())
 
     def _retire(self, slot: _Slot, why: str, exc: BaseException | None = None,
                 site: CallSite | None = None) -> asyncio.Future | None:
