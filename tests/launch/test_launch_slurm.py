@@ -59,11 +59,13 @@ def _job_out(path: Path) -> str:
 def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3: SlurmCluster, home: Path,
                                                                            tmp_path: Path) -> None:
     out, leaders, session = tmp_path / "job.out", tmp_path / "leaders", f"sl-{uuid.uuid4().hex[:8]}"
+    hold = tmp_path / "hold"  # the primary waits at step 3 until the kill: it cannot finish first
+    hold.touch()
     done = _launch(slurm3, home, str(MIXED), "--nodes", "3", "--standby", "--submit", "--output", str(out),
                    REGENT_TEST_SESSION=session, REGENT_TEST_HOSTS="3",
                    REGENT_TEST_STEPS=str(STEPS), REGENT_TEST_LEADER_FILE=str(leaders),
                    REGENT_TEST_TTL="3.0",  # a lease a loaded machine keeps
-                   REGENT_TEST_STEP_S="0.05")  # >= 7.5 s live: the kill lands mid-run
+                   REGENT_TEST_STEP_S="0.05", REGENT_TEST_HOLD_FILE=str(hold))
     assert done.returncode == 0, done.stderr
     job = int(done.stdout.strip())
     assert "submitted job" in done.stderr and "a standby on the second node" in done.stderr
@@ -85,6 +87,7 @@ def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3
     assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == ["n1", "n2", "n3"], \
         f"exit {listed.returncode}\nstdout:\n{listed.stdout}\nstderr:\n{listed.stderr}"
     os.kill(primary, signal.SIGKILL)
+    hold.unlink()
     record = slurm3.wait_job(job, timeout_s=180)
     text = _job_out(out)
     assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), (record, text)

@@ -35,7 +35,8 @@ def _argv(ssh_hosts: SshHosts, tmp_path: Path, *extra: str) -> list[str]:
     env = [f"REGENT_TEST_SESSION=ssh-{tmp_path.name}", "REGENT_TEST_HOSTS=3",
            f"REGENT_TEST_STEPS={STEPS}", f"REGENT_TEST_LEADER_FILE={leaders}",
            "REGENT_TEST_TTL=3.0",  # a lease a loaded machine keeps
-           "REGENT_TEST_STEP_S=0.05"]  # >= 7.5 s live: the kill lands mid-run
+           "REGENT_TEST_STEP_S=0.05",
+           f"REGENT_TEST_HOLD_FILE={tmp_path / 'hold'}"]  # held at step 3 while the file exists
     return [sys.executable, "-m", "regent.cli", "launch", "ssh", str(MIXED), "--hosts", "h1,h2,h3",
             "--ssh-config", str(ssh_hosts.config_path), "--cluster", f"c-{tmp_path.name}", "--remote-home", str(tmp_path / "homes" / "{host}"),
             *(x for e in env for x in ("--env", e)), *extra]
@@ -58,6 +59,8 @@ def _wait_step(log: Path, step: int, launcher: subprocess.Popen, timeout_s: floa
 
 def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts, home: Path, tmp_path: Path) -> None:
     log = tmp_path / "launch.log"
+    hold = tmp_path / "hold"  # the primary waits at step 3 until the kill: it cannot finish first
+    hold.touch()
     launcher = _start(_argv(ssh_hosts, tmp_path, "--standby-on", "h2"), home, log)
     try:
         _wait_step(log, 3, launcher)
@@ -66,6 +69,7 @@ def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts,
         # leads first (here, unless the machine is loaded), and the other takes over.
         here = psutil.Process(primary).ppid() == launcher.pid
         os.kill(primary, signal.SIGKILL)
+        hold.unlink()
         assert launcher.wait(180) == 0, log.read_text()[-3000:]
     finally:
         if launcher.poll() is None:
@@ -88,6 +92,8 @@ def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts,
 
 def test_ctrl_c_leaves_no_agent_or_proc_anywhere(ssh_hosts: SshHosts, home: Path, tmp_path: Path) -> None:
     log = tmp_path / "launch.log"
+    hold = tmp_path / "hold"  # the run waits at step 3: Ctrl-C lands mid-run
+    hold.touch()
     launcher = _start(_argv(ssh_hosts, tmp_path, "--standby-on", "h2"), home, log)
     try:
         _wait_step(log, 3, launcher)

@@ -2,7 +2,7 @@
 
 Configured by environment: REGENT_TEST_JOURNAL, REGENT_TEST_SESSION, REGENT_TEST_STEPS,
 REGENT_TEST_LEADER_FILE (this process appends its pid when it leads), REGENT_TEST_STEP_S (a pause
-after each live step), REGENT_TEST_CHANGE_AT
+after each live step), REGENT_TEST_HOLD_FILE (live steps from 3 on wait while it exists), REGENT_TEST_CHANGE_AT
 (make a different call at that step: a program edited mid-session).
 Prints one JSON line: the program's observations and each actor's execution counts.
 """
@@ -61,6 +61,7 @@ def main() -> None:
     change_at = int(os.environ.get("REGENT_TEST_CHANGE_AT", "-1"))
     # A pause after each live step (results do not depend on it): a run a test can catch midway.
     pace_s = float(os.environ.get("REGENT_TEST_STEP_S", "0"))
+    hold = os.environ.get("REGENT_TEST_HOLD_FILE")
     with session_from_env() as s:
         note_leader()
         # REGENT_TEST_HOSTS: the three actors on three hosts of $REGENT_CLUSTER, one each.
@@ -90,6 +91,10 @@ def main() -> None:
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
                 time.sleep(pace_s)
+                # REGENT_TEST_HOLD_FILE: from step 3 on, the live run waits while that file exists,
+                # so a test's kill lands mid-run however loaded the machine (it removes the file).
+                while hold and i >= 3 and os.path.exists(hold):
+                    time.sleep(0.02)
         reports = w.report.call().get().values()
         pids = w.pid.call().get().values()
         elapsed_known = s.now() >= started
