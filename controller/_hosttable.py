@@ -33,6 +33,8 @@ class _HostTable:
     _requests: dict[int, Future]
     _req_ids: itertools.count
     _unproven: dict
+    relay: bool
+    relaying: set[str]
 
     def host_request(self, host: str, op: str, timeout: float = 60.0, **fields: Any) -> dict:
         """A request to a host agent, answered through the inbox."""
@@ -71,6 +73,8 @@ class _HostTable:
                     replies.append(TimeoutError(self._no_answer(host, op, timeout)))
                     continue
                 reply = fut.get()
+                if reply.get("rl") is True and self.relay:
+                    self.relaying.add(host)  # before any message to its procs: one route for each
                 if reply.get("st") == "fenced":
                     self.fenced = reply.get("em", "fenced by the host agent")
                     raise FencedError(f"host agent at {host} refused {op!r}: {self.fenced}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import os
 import select
 import sys
 import threading
@@ -33,6 +34,7 @@ from regent.controller.futures import Future
 from regent.controller.recorder import OutcomePort
 from regent.controller.refs import ProcRef
 from regent.wire import Kind, ProtocolError, schema
+from regent.wire.protocol import MAX_BUFFERS
 from regent.wire.security import load_credentials, stop_authenticator
 from regent.wire.transport import (
     BATCH_MAX_AGE_S,
@@ -119,6 +121,13 @@ class Runtime(_HostTable):
         self.checkpoint_seq = -1
         self.fenced: str | None = None
         self.orphan_timeout_s: float | None = None
+        # Casts through host agents (REGENT_RELAY=1): every message to a proc goes through its
+        # host's agent once that agent said it relays (`relaying`), answers come back the same
+        # way, gathered per host. One route per proc keeps each sender's order (worker/_relay.py).
+        self.relay = os.environ.get("REGENT_RELAY", "0") == "1"
+        self.relaying: set[str] = set()
+        self._relay_heads: dict[str, bytes] = {}
+        self._host_alive: dict[str, Callable[[], bool]] = {}
         self._io = threading.Thread(target=self._io_loop, name=f"regent-io-{session}", daemon=True)
         self._io.start()
 
@@ -131,17 +140,44 @@ class Runtime(_HostTable):
             return  # the usual call, at once: this runs for every one
         refuse_oversized_call(actor, method, frames, self.inbox.max_message, self.session, self.reply_address)
 
+    def _route(self, proc: ProcRef, msg: list) -> tuple[Peer, list, Callable[[], bool]]:
+        """Where a message to `proc` goes: its host agent's peer and the message wrapped for
+        the relay, or the proc's own peer. `alive` says whether a blocked send is still worth it."""
+        if self.relaying and len(msg) <= MAX_BUFFERS + 1:  # wrapped, it is still a valid message
+            host = self.moved_hosts.get(proc.host, proc.host)
+            if host in self.relaying:
+                head = self._relay_heads.get(proc.address)
+                if head is None:
+                    head = self._relay_heads[proc.address] = wire.relay_header(proc.address)
+                alive = self._host_alive.get(host)
+                if alive is None:
+                    alive = self._host_alive[host] = lambda: host not in self.lost_hosts
+                return self.outbox.peer(host), [head, *msg], alive
+        return self.outbox.peer(proc.address), msg, proc.is_alive
+
+    def route_address(self, proc: ProcRef) -> str:
+        """The address messages to `proc` are sent to (its agent's, when relayed)."""
+        host = self.moved_hosts.get(proc.host, proc.host)
+        return host if host in self.relaying else proc.address
+
     def send_to_proc(self, proc: ProcRef, msg: list) -> None:
         """Send now (after whatever is queued for that proc)."""
         if not proc.alive:
             raise PeerGone(proc.death or f"proc {proc.id} is dead")
-        self.outbox.peer(proc.address).send(msg, alive=proc.is_alive)
+        peer, msg, alive = self._route(proc, msg)
+        peer.send(msg, alive=alive)
 
     def queue_to_proc(self, proc: ProcRef, msg: list) -> None:
         """Add to the proc's next batch; `flush` (or the IO thread, soon) sends it."""
         if not proc.alive:
             raise PeerGone(proc.death or f"proc {proc.id} is dead")
-        self.outbox.peer(proc.address).queue(msg, alive=proc.is_alive)
+        peer, msg, alive = self._route(proc, msg)
+        peer.queue(msg, alive=alive)
+
+    def try_send_to_proc(self, proc: ProcRef, msg: list) -> bool:
+        """Send without waiting (False if the peer is full); PeerGone as the others."""
+        peer, msg, _ = self._route(proc, msg)
+        return peer.try_send(msg)
 
     def send_call(self, call: PendingCall, rank: int) -> None:
         """Queue a call's message to one point for its proc's next batch; a proc known dead
@@ -471,7 +507,7 @@ class Runtime(_HostTable):
             self._requests[n] = fut
             meta = {"sid": self.session, "e": self.epoch, "rt": self.reply_address, "n": n}
             try:
-                self.outbox.peer(proc.address).send(wire.encode(Kind.FENCE, meta))
+                self.send_to_proc(proc, wire.encode(Kind.FENCE, meta))
                 waits.append((proc, n, fut))
             except PeerGone:
                 self._requests.pop(n, None)
@@ -539,10 +575,10 @@ class Runtime(_HostTable):
             proc = call.wire.procs[rank]
             if not proc.alive:
                 continue
-            if not (everything or call.seq in overdue or self.outbox.route_of(proc.address) in peers):
+            if not (everything or call.seq in overdue or self.outbox.route_of(self.route_address(proc)) in peers):
                 continue
             try:
-                self.outbox.peer(proc.address).try_send(call.wire.message(rank))
+                self.try_send_to_proc(proc, call.wire.message(rank))
             except PeerGone:
                 pass
 
@@ -562,7 +598,7 @@ class Runtime(_HostTable):
             msg = wire.encode(Kind.WATERMARK, {"sid": self.session, "e": self.epoch, "dw": mark[0], "cw": mark[1]})
             for proc in list(self.procs.values()):
                 if proc.alive:
-                    self.outbox.peer(proc.address).try_send(msg)
+                    self.try_send_to_proc(proc, msg)
         if self.hosts and now - self._last_hello >= HOST_HELLO_INTERVAL_S:
             self._last_hello = now
             hello = wire.encode(Kind.HOST_REQ, {"sid": self.session, "e": self.epoch, "op": "hello", "n": 0,

@@ -110,6 +110,7 @@ class _NoRuntime:
 
     reply_address = ""
     fenced = None
+    relay = False  # nothing is sent, through agents or otherwise
 
     def __init__(self, core: Any, drive: Drive):
         self.core = core

@@ -379,6 +379,8 @@ class Session:
             base["rp"] = True  # its answer, error or value, goes to the port in its first argument
         elif kind == "broadcast":
             base["bc"] = True  # nobody reads its result: an error fails the actor, as in Monarch
+        if self.runtime.relay:
+            base["rv"] = True  # answered through the agent it came through, gathered per host
         runtime, edge = self.runtime, self._edge
         with self._drive.lock:
             call = engine.expect(seq, kind, actor, method, {r: procs[r].key for r in ranks}, sink, jc)

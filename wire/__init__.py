@@ -31,6 +31,7 @@ from regent.wire.protocol import (
     loads,
     pack,
     payload_size,
+    relay_header,
     require,
     split_batch,
 )
@@ -39,5 +40,5 @@ __all__ = [
     "BATCH_ALONE_BYTES", "BATCH_MESSAGES", "BATCH_MESSAGE_FRAMES", "MAX_BATCH", "MAX_META_BYTES",
     "Kind", "MessageTooLarge", "PointMessages", "ProtocolError", "RegentError", "call_digest",
     "decode", "decode_one", "digest", "dumps", "dumps_call", "encode", "encode_batch",
-    "frame_bytes", "loads", "pack", "payload_size", "require", "split_batch",
+    "frame_bytes", "loads", "pack", "payload_size", "relay_header", "require", "split_batch",
 ]

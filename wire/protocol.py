@@ -4,7 +4,8 @@ A message is a zmq multipart: frame 0 is an 8-byte header plus a msgpack map of
 metadata; frame 1 (optional) is a pickle-5 payload; frames 2.. are its out-of-band
 buffers. A BATCH message carries many messages to one peer in one send: its metadata
 lists how many frames each one has, and each is then validated exactly as if it had
-come alone. Parsing validates everything before a payload is ever unpickled, and
+come alone. A RELAY message asks a host agent to pass the message in its payload frames
+on, untouched, to the inbox "to" (a cast through the host: docs/design.md). Parsing validates everything before a payload is ever unpickled, and
 payloads are only unpickled from peers the transport authenticated.
 """
 
@@ -49,6 +50,7 @@ class Kind(enum.IntEnum):
     PROC_ADOPT = 13  # proc -> host agent: its agent died; the new one takes it over (answered by HOST_REP)
     BATCH = 14  # any -> any: several messages to one peer, in the order they were sent
     LOG = 15  # proc -> controller: lines its processes wrote to stdout / stderr
+    RELAY = 16  # controller or proc -> host agent: forward the message in the payload frames to "to"
 
 
 _KINDS = {int(k) for k in Kind}
@@ -67,6 +69,12 @@ def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
     if len(body) > MAX_META_BYTES:
         raise ProtocolError(f"message metadata is {len(body)} bytes, above {MAX_META_BYTES}")
     return [_HEADER.pack(MAGIC, VERSION, kind, len(body)) + body, *payload]
+
+
+def relay_header(to: str) -> bytes:
+    """The frame that, put before a message's frames, asks a host agent to pass the message
+    on to the inbox `to` (constant per destination: senders keep it)."""
+    return encode(Kind.RELAY, {"to": to})[0]
 
 
 class PointMessages:

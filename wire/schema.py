@@ -82,6 +82,7 @@ class Call(TypedDict):
     o: NotRequired[Origin]  # made by an actor, not by the controller
     bc: NotRequired[bool]  # a broadcast: an Exception fails the actor rather than answer
     rp: NotRequired[bool]  # the first argument is the Port the answer goes to (Monarch's send(port=))
+    rv: NotRequired[bool]  # came through the proc's host agent: the answer goes back the same way
 
 
 class Owner(TypedDict):
@@ -185,6 +186,7 @@ class HostReply(TypedDict):
     port: NotRequired[Annotated[int, Meta(ge=1, le=65535)]]  # free_port: a TCP port free on the host
     old: NotRequired[Name]  # assigned (-> a warm proc): the proc it now replaces
     warm: NotRequired[Count]  # warm_procs: the warm procs the session has on the host now
+    rl: NotRequired[bool]  # the agent relays messages to its procs (Kind.RELAY)
 
 
 class HostEvent(TypedDict):
@@ -275,6 +277,12 @@ class Log(TypedDict):
                      Meta(max_length=MAX_LOG_LINES)]
 
 
+class Relay(TypedDict):
+    """RELAY: to a host agent, the message in its payload frames, for the inbox `to`."""
+
+    to: Address
+
+
 class Batch(TypedDict):
     """BATCH: the frame lengths of each message it carries (split_batch checks they fit)."""
 
@@ -326,4 +334,5 @@ PROC = Receiver("proc", {
 })
 HOST = Receiver("host agent", {
     Kind.HOST_REQ: HostRequest, Kind.PING: Ping, Kind.PROC_READY: ProcReady, Kind.PROC_ADOPT: ProcAdopt,
+    Kind.RELAY: Relay, Kind.BATCH: Batch,
 })

@@ -398,6 +398,11 @@ class Outbox:
                 log.debug("closed the least recently used peer", peer=address, kept=self.max_peers)
                 return
 
+    def addresses(self) -> list[str]:
+        """The addresses of the peers held now."""
+        with self._lock:
+            return list(self._peers)
+
     def route_of(self, address: str) -> str:
         """The address a connection to `address` actually goes to."""
         return self.route(address) if self.route else address

@@ -16,6 +16,8 @@ from regent.wire.transport import Outbox, refuse_oversized
 
 log = structlog.get_logger("regent.proc")
 
+RELAYED_KEPT = 64  # controllers (and actor callers) answered through the agent, the latest
+
 
 class _Outbound:
     """Mixed into ProcRuntime, whose loop, outbox and limits these methods use."""
@@ -27,6 +29,16 @@ class _Outbound:
     _out: dict[str, list]  # replies not yet sent, per return address
     _reading: bool  # the inbox's reader runs: it sends what was collected when it is done
     pending: dict[str, collections.deque]  # replies a peer did not take yet, with when they were queued
+    host_inbox: str
+    _relayed: dict[str, bytes]
+    _adoption: asyncio.Task | None
+
+    def _answer_through_agent(self, rt: object) -> None:
+        """A call came through this host's agent: answers to `rt` go back through it too."""
+        if type(rt) is str and rt not in self._relayed and rt != self.host_inbox:
+            if len(self._relayed) >= RELAYED_KEPT:
+                del self._relayed[next(iter(self._relayed))]
+            self._relayed[rt] = wire.relay_header(rt)
 
     def _reply(self, rt: str, kind: Kind, meta: dict, frames: list | None = None) -> None:
         self._send(rt, wire.encode(kind, meta, frames or []))
@@ -46,9 +58,17 @@ class _Outbound:
             return
         out, self._out = self._out, {}
         for rt, msgs in out.items():
+            to = rt
+            head = self._relayed.get(rt) if self._adoption is None else None  # direct while agentless
+            if head is not None:
+                # Many-buffer answers go on their own, directly: a batch would copy them anyway.
+                for m in msgs:
+                    if len(m) > wire.BATCH_MESSAGE_FRAMES:
+                        self._transmit(rt, m)
+                to, msgs = self.host_inbox, [[head, *m] for m in msgs if len(m) <= wire.BATCH_MESSAGE_FRAMES]
             try:
                 for frames in wire.pack(msgs, self._max_message):
-                    self._transmit(rt, frames)
+                    self._transmit(to, frames)
             except Exception:  # one peer's replies lost, not every peer's, nor the inbox's reader
                 log.exception("replies not sent", proc=self.proc_id, peer=rt, count=len(msgs))
 

@@ -29,7 +29,7 @@ import zmq
 
 from regent import wire
 from regent.hipcore.ports import free_port, listen_port
-from regent.wire import Kind, ProtocolError, schema
+from regent.wire import Kind, ProtocolError, schema, split_batch
 from regent.wire.security import load_credentials, regent_home, stop_authenticator
 from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, context, peer_of, valid_address
 from regent.worker import discovery
@@ -42,6 +42,7 @@ from regent.worker._hoststate import (
     _spawn_origin,
     _SpawnRequest,
 )
+from regent.worker._relay import Relay
 from regent.worker._warm import _WarmPool
 from regent.worker.fencing import EpochFence, FenceStore
 
@@ -66,6 +67,7 @@ class HostAgent(_Adoption, _WarmPool):
         self.advertise = advertise or bind_host
         self.inbox = self._bind(bind_host, port, succeeds)
         self.outbox = Outbox(self.ctx, self.creds, max_peers=RECEIVER_MAX_PEERS)
+        self.relay = Relay(self.outbox, self.inbox.max_message)  # casts to this host's procs, answers back
         self.bind_host = bind_host
         self.idle_exit_s = idle_exit_s
         self.sessions: dict[str, _SessionState] = {}
@@ -116,11 +118,13 @@ class HostAgent(_Adoption, _WarmPool):
             poller.register(self.inbox.sock, zmq.POLLIN)
             for fd in self.by_pidfd:
                 poller.register(fd, zmq.POLLIN)
-            for sock_or_fd, _ in poller.poll(200):
+            for sock_or_fd, _ in poller.poll(2 if self.relay.backlogged else 200):
                 if sock_or_fd is self.inbox.sock:
                     self._drain_inbox()
                 elif sock_or_fd in self.by_pidfd:  # not stopped meanwhile by a request
                     self._reap(sock_or_fd)
+            if self.relay.backlogged:
+                self.relay.retry()
             self._after_adoption()
             self._check_spawn_timeouts()
             self._stop_orphans()
@@ -149,12 +153,31 @@ class HostAgent(_Adoption, _WarmPool):
         for frames in self.inbox.pending():
             self.last_activity = time.monotonic()
             try:
-                kind, meta, _ = schema.HOST.decode(frames)
-                self._dispatch(kind, meta)
+                kind, meta, payload = schema.HOST.decode(frames)
+                if kind is Kind.BATCH:  # each message as if it had come alone: one bad spoils no other
+                    for sub in split_batch(meta, payload):
+                        try:
+                            self._take(frames, *schema.HOST.decode_one(sub))
+                        except ProtocolError as e:
+                            log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
+                else:
+                    self._take(frames, kind, meta, payload)
             except ProtocolError as e:
                 log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
-            except Exception:
-                log.exception("dropped message that failed to dispatch", peer=peer_of(frames[0]))
+        self.relay.flush()
+
+    def _take(self, frames: list, kind: Kind, meta: dict, payload: list) -> None:
+        try:
+            if kind is Kind.RELAY:
+                if not payload:
+                    raise ProtocolError("a relayed message without frames")
+                self.relay.take(meta["to"], payload)
+            else:
+                self._dispatch(kind, meta)
+        except ProtocolError as e:
+            log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
+        except Exception:
+            log.exception("dropped message that failed to dispatch", peer=peer_of(frames[0]))
 
     def _dispatch(self, kind: Kind, meta: dict) -> None:
         if kind is Kind.PROC_READY:
@@ -198,7 +221,7 @@ class HostAgent(_Adoption, _WarmPool):
             # complete: every live proc of the session on this host is listed, so the
             # controller may take one that is missing for dead (it died with an old agent).
             self._reply(rt, sid, n, procs=self._proc_list(state), at=self.inbox.address,
-                        complete=not self._adopting())
+                        complete=not self._adopting(), rl=True)
             for event in state.undelivered:
                 self._send(rt, wire.encode(Kind.HOST_EVENT, event))
             state.undelivered = []
@@ -370,7 +393,7 @@ class HostAgent(_Adoption, _WarmPool):
 
     def _answer_spawn(self, req: _SpawnRequest, status: str, error: str = "") -> None:
         req.answered = {
-            "sid": req.sid, "st": status, "em": error, "s": req.seq,
+            "sid": req.sid, "st": status, "em": error, "s": req.seq, "rl": True,
             "procs": [{"id": p.id, "idx": p.index, "addr": p.addr, "pid": p.pid}
                       for p in sorted(req.procs, key=lambda p: p.index)],
         }
@@ -461,6 +484,8 @@ class HostAgent(_Adoption, _WarmPool):
         else:  # a restarted agent has heard from no controller yet: the next hello gets it
             state.undelivered.append(event)
         state.procs.pop(proc.id, None)
+        if proc.addr:
+            self.relay.forget(proc.addr)
         state.exited_ids.add(proc.id)
         self._forget_warm(state, proc)
 

@@ -114,6 +114,9 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
         self._ended: dict[str, str] = {}  # why each actor that is gone went (the latest ENDED_KEPT)
         self.pending: dict[str, collections.deque] = {}
         self._out: dict[str, list] = {}  # replies not yet sent, per return address
+        # Return addresses whose calls came through this host's agent: their answers go back
+        # that way, gathered per host (worker/_relay.py). Value: the relay header for the address.
+        self._relayed: dict[str, bytes] = {}
         self._reading = False
         self._spin_s = spin_budget_s()
         self._async_running = 0  # async endpoint calls in flight: the loop must run them
@@ -271,6 +274,8 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
             if meta.get("sid", self.session) == self.session:
                 self.client.on_result(meta, payload)
             return
+        if meta.get("rv") is True:
+            self._answer_through_agent(meta.get("rt"))
         for effect in self.core.receive(kind, meta, payload):
             if isinstance(effect, Reply):
                 self._reply(effect.rt, effect.kind, effect.meta, effect.frames)

@@ -167,11 +167,13 @@ def test_a_killed_hollow_agent_is_a_lost_host(hollow_cluster) -> None:
         assert e.slice(hosts=1).incr.call().get().values() == [2] * 4
 
 
-def test_a_mesh_wide_call_reaches_1024_hollow_procs(own_home, tmp_path: Path) -> None:
+@pytest.mark.parametrize("route", ["direct", "relay"])
+def test_a_mesh_wide_call_reaches_1024_hollow_procs(own_home, tmp_path: Path, route: str) -> None:
     """The smoke test of the control plane at a thousand procs (the curves are bench/
     bench_scale_hollow.py's): 8 hollow hosts of 128 procs, one actor each, a call() and a
-    broadcast to all of them, each delivered once."""
-    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    broadcast to all of them, each delivered once; straight to the procs, and through the
+    host agents (REGENT_RELAY=1)."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu", REGENT_RELAY="1" if route == "relay" else "0")
     url = f"sqlite://{tmp_path / 'journal.db'}"
     hosts, per_host = 8, 128
     agents = [_start(url, f"h{i}", tmp_path / f"agent-h{i}.log", hollow=per_host) for i in range(hosts)]
@@ -189,6 +191,7 @@ def test_a_mesh_wide_call_reaches_1024_hollow_procs(own_home, tmp_path: Path) ->
             e.incr.broadcast()
             assert e.incr.call().get(timeout=120).values() == [3] * hosts * per_host
             assert sorted(set(e.pid.call().get(timeout=120).values())) == sorted(a.pid for a in agents)
+            assert s.runtime.relaying == ({p.host for p in s.runtime.procs.values()} if route == "relay" else set())
     finally:
         for a in agents:
             a.terminate()

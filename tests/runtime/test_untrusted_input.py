@@ -190,6 +190,26 @@ def test_a_host_agent_drops_a_request_with_an_epoch_beyond_int64(own_home):
             peer.close()
 
 
+def test_a_host_agent_drops_malformed_relays_and_passes_a_good_one_on_untouched(own_home):
+    home = own_home()
+    host = ensure_local_host()
+    peer = RawPeer()
+    try:
+        read = _log_reader(home / "host.log")
+        ping = wire.encode(Kind.PING, {"n": 5, "rt": peer.address})
+        peer.send(host, wire.encode(Kind.RELAY, {"to": host}))  # nothing to pass on
+        peer.send(host, [wire.relay_header("tcp://nowhere:0"), *ping])  # not an address
+        peer.send(host, wire.encode_batch([[wire.relay_header(host), *ping][:1], [b"junk"]]))
+        lines = _wait_for_lines(read, "dropped malformed message", 4)  # the batch's two each count
+        assert len(lines) == 4 and all("127.0.0.1" in line for line in lines), lines
+        # A good one, relayed to the agent itself: the PING reaches its inbox as if sent there.
+        peer.send(host, [wire.relay_header(host), *ping])
+        kind, meta, _ = peer.recv(timeout=10)
+        assert kind is Kind.PONG and meta["n"] == 5
+    finally:
+        peer.close()
+
+
 # --- the cap on a whole message ------------------------------------------------------------
 
 
