@@ -20,6 +20,9 @@ from regent.worker import Actor, endpoint
 from tests.runtime.rawpeer import RawPeer
 
 BURST = 400
+# These tests are about records, not leases: a lease that a loaded machine (six test workers on
+# two cores) keeps renewing; the default 2 s lapsed once in a fresh-clone run.
+LEASE_S = 10.0
 
 
 class Echo(Actor):
@@ -31,7 +34,7 @@ class Echo(Actor):
 def _burst(tmp_path) -> tuple[str, str, list[int], int]:
     url = f"sqlite://{tmp_path / 'j.db'}"
     name = f"batched-{os.getpid()}"
-    with Session(name, journal=url) as s:
+    with Session(name, journal=url, lease_ttl_s=LEASE_S) as s:
         mesh = s.spawn_procs(per_host={"procs": 2}).spawn("e", Echo)
         first = s.core.next_seq
         futures = [mesh.slice(procs=i % 2).echo.call_one(i) for i in range(BURST)]
@@ -105,7 +108,7 @@ def test_values_answering_calls_one_by_one_are_items_of_the_calls_records_after_
     the CALLS stream (no record of its own), after its call's item, read back as a RESULT."""
     url = f"sqlite://{tmp_path / 'j.db'}"
     name = f"collected-{os.getpid()}"
-    with Session(name, journal=url) as s:
+    with Session(name, journal=url, lease_ttl_s=LEASE_S) as s:
         one = s.spawn_procs(per_host={"procs": 1}).spawn("e", Echo).slice(procs=0)
         first = s.core.next_seq
         values = [one.echo.call_one(i).get() for i in range(60)]  # no deadline: see test_read_results_durable
@@ -151,7 +154,7 @@ def test_a_reply_that_carries_fields_named_like_the_controllers_own_is_journaled
     spoof = {"_journaled": True, "_batch_lsn": 0, "_lsn": 0, "lsn": 0, "journaled": True}
     peer = RawPeer()
     try:
-        with Session(name, journal=url) as s:
+        with Session(name, journal=url, lease_ttl_s=LEASE_S) as s:
             one = s.spawn_procs(per_host={"procs": 1}).spawn("g", Gate).slice(procs=0)
             futures = [one.hold.call_one(i) for i in range(3)]
             seqs = [f.tag for f in futures]

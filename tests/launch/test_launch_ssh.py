@@ -92,8 +92,6 @@ def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts,
 
 def test_ctrl_c_leaves_no_agent_or_proc_anywhere(ssh_hosts: SshHosts, home: Path, tmp_path: Path) -> None:
     log = tmp_path / "launch.log"
-    hold = tmp_path / "hold"  # the run waits at step 3: Ctrl-C lands mid-run
-    hold.touch()
     launcher = _start(_argv(ssh_hosts, tmp_path, "--standby-on", "h2"), home, log)
     try:
         _wait_step(log, 3, launcher)
