@@ -64,7 +64,7 @@ class AuditContext:
     def diverge(self, seq: int, jc: JournaledCall | None, new: dict | None) -> None:
         """Keep the first divergence for the report's field-by-field table."""
         old = None if jc is None else {"kind": jc.kind, "actor": jc.actor, "method": jc.method,
-                                       "digest": jc.digest, "points": jc.points}
+                                       "digest": jc.digest, "points": list(jc.points)}
         self.divergence = {"seq": seq, "journaled": old, "new": new}
 
     def progress(self, seq: int) -> None:

@@ -212,6 +212,12 @@ class Engine:
             return None
         return self.replay.check(seq, kind, actor, method, digest, points)
 
+    def next_journaled(self) -> JournaledCall | None:
+        """The journal's record at the next seq, while replaying (None past its end)."""
+        if not self.replaying:
+            return None
+        return self.replay.calls.get(self.core.next_seq)
+
     def journal_answers(self, seq: int) -> bool:
         """Does the journal hold an outcome for every point of call `seq`?"""
         jc = self.replay.calls.get(seq) if self.replay is not None else None

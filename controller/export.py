@@ -10,6 +10,7 @@ from typing import Any
 from regent.controller.replay import (
     CALL,
     END,
+    PATCH,
     RESULT,
     START,
     SUPERVISION,
@@ -40,7 +41,7 @@ def _plain(v: Any) -> Any:
 def export_perfetto(records: Iterable, session: str = "") -> dict:
     """The session as Chrome trace events: a process per actor mesh with a thread (track)
     per actor, a span per call from its call record to its result record, and instant
-    markers for failovers (epoch changes), supervision events and checkpoints. An async
+    markers for failovers (epoch changes), supervision events, checkpoints and s.patched markers. An async
     program's calls (s.run) also appear on a track per task, from the call to its last result.
 
     A span starts no earlier than the end of the previous one on its track: an actor runs
@@ -93,6 +94,10 @@ def export_perfetto(records: Iterable, session: str = "") -> dict:
                 events.append({"ph": "i", "s": "g", "name": f"checkpoint (seq {d['s']})", "cat": "checkpoint",
                                "ts": us(rec.ts), "pid": markers[0], "tid": markers[1],
                                "args": {"seq": d["s"], "lsn": rec.lsn}})
+            elif kind == PATCH:
+                events.append({"ph": "i", "s": "g", "name": f"patched({d.get('m')!r})", "cat": "patch",
+                               "ts": us(rec.ts), "pid": markers[0], "tid": markers[1],
+                               "args": {"seq": d["s"], "change": d.get("m"), "lsn": rec.lsn}})
             elif kind in VALUE_KINDS or not d.get("a"):
                 events.append({"ph": "i", "s": "t", "name": f"{kind}()" if kind in VALUE_KINDS else kind,
                                "cat": "value", "ts": us(rec.ts), "pid": ctl[0], "tid": ctl[1],

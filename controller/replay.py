@@ -30,6 +30,8 @@ PROCS = "procs"  # {s, procs: [...]}: what spawn_procs got
 SUPERVISION = "sup"  # {ev, ...}
 CHECKPOINT = "ckpt"  # {s}
 END = "session_end"  # {error?}
+PATCH = "patch"  # a CALL record's kind: the marker of s.patched(change id), the id as its method
+MAX_CHANGE_ID = 200
 
 VALUE_KINDS = frozenset({"now", "random", "side_effect", "this_host", "host_mesh", "grow", "resume", "checkpoint"})
 
@@ -44,7 +46,9 @@ class NonDeterminismError(RegentError):
         super().__init__(
             f"non-determinism at seq {seq}: the journal records {journaled}, but the program now "
             f"makes {new}. A controller program must make the same calls in the same order on "
-            "replay; take values that may differ from s.now(), s.random() or s.side_effect()."
+            "replay; take values that may differ from s.now(), s.random() or s.side_effect(). A "
+            "program changed on purpose guards the change with s.patched(change_id) (docs/failover.md, "
+            "\"Changing a running program\")."
         )
 
 
@@ -130,7 +134,16 @@ def batched_results(rec: Record, session: str = "") -> Iterator[dict]:
         yield {"s": meta["s"], "pt": meta["pt"], "st": "ok", "v": tuple([bytes(f) for f in payload])}
 
 
+def change_id(value: object) -> str:
+    """A change id of s.patched / s.deprecate_patch, checked."""
+    if not isinstance(value, str) or not value or len(value) > MAX_CHANGE_ID or not value.isprintable():
+        raise ValueError(f"a change id is a printable string of 1..{MAX_CHANGE_ID} characters, not {value!r:.80}")
+    return value
+
+
 def describe(kind: str, actor: str = "", method: str = "", digest: bytes = b"", points: Iterable[int] = ()) -> str:
+    if kind == PATCH:
+        return f"the marker of s.patched({method!r})"
     if kind == "host_mesh":
         return f"host_mesh(hosts={method}, cluster={actor!r})"
     if kind == "grow":

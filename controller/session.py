@@ -43,7 +43,8 @@ from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, St
 from regent.controller.ports import ControllerPorts, PortReceiver
 from regent.controller.recorder import Recorder, append
 from regent.controller.refs import ProcRef, Wire
-from regent.controller.replay import END, JournaledCall, NonDeterminismError
+from regent.controller.replay import END, PATCH, JournaledCall, NonDeterminismError
+from regent.controller.replay import change_id as _change_id
 from regent.controller.shapes import Shapes
 from regent.journal import LeadershipLost
 from regent.wire import Kind
@@ -458,6 +459,41 @@ class Session:
     def side_effect(self, fn: Callable[[], Any]) -> Any:
         """Run fn once; a replay gets its journaled result instead of running it again."""
         return self._value("side_effect", fn, encode=True)
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the branch of change `change_id` here (Temporal's `patched`):
+        live, it journals a marker and says True; replayed, True where the journal holds that
+        marker at this point and False where the history was made by a program without the
+        change, which then replays the old branch (nothing is consumed) until the program goes
+        live. docs/failover.md, "Changing a running program"."""
+        return self._patch_marker(_change_id(change_id), deprecated=False)
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """For the version that has dropped the old branch of `change_id`: a history with the
+        marker replays as with `patched`; one without it cannot be replayed by this program
+        (NonDeterminismError naming the change). Live, the marker is journaled still, so
+        the version before this one can replay what this one made."""
+        self._patch_marker(_change_id(change_id), deprecated=True)
+
+    def _patch_marker(self, change_id: str, deprecated: bool) -> bool:
+        self._check_live()
+        engine = self._engine
+        with self._drive.lock:
+            jc = engine.next_journaled()
+        if jc is not None and not (jc.kind == PATCH and jc.method == change_id):
+            if deprecated:
+                raise NonDeterminismError(
+                    jc.seq, jc.describe(),
+                    f"s.deprecate_patch({change_id!r}): this history was made by a program without the "
+                    f"change, which only a program still calling s.patched({change_id!r}) replays")
+            return False
+        seq, jc = self._begin(PATCH, PATCH, change_id)
+        if jc is None:
+            self._do(engine.value_record(seq, PATCH, change_id, actor=PATCH, method=change_id))
+        else:
+            self.stats["replayed"] += 1
+        self._finished(seq)
+        return True
 
     def checkpoint(self, state: Any) -> None:
         """Snapshot the program's state; a takeover resumes from here (see `resume`)."""
