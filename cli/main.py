@@ -80,6 +80,12 @@ def _cmd_launch(args: argparse.Namespace, rest: list[str]) -> int:
     return run(args, rest)
 
 
+def _cmd_upgrade(args: argparse.Namespace, rest: list[str]) -> int:
+    from regent.cli.upgrade import run
+
+    return run(args, rest)
+
+
 def _cmd_chaos(args: argparse.Namespace, rest: list[str]) -> int:
     from regent.chaos.cli import run
 
@@ -228,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     from regent.cli.launch import add_parsers as _launch_parsers
 
     _launch_parsers(sub)
+    from regent.cli.upgrade import add_parser as _upgrade_parser
+
+    _upgrade_parser(sub)
     jr = sub.add_parser("journal", help="inspect a session's journal")
     jr.add_argument("--journal", default=os.environ.get("REGENT_JOURNAL"),
                     help="etcd://host:port, etcds://host:port?ca=..&cert=..&key=.. (TLS; add &user=NAME "
@@ -271,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = {"host": _cmd_host, "hosts": _cmd_hosts, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal,
-             "chaos": _cmd_chaos, "launch": _cmd_launch}
+             "chaos": _cmd_chaos, "launch": _cmd_launch, "upgrade": _cmd_upgrade}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         args, rest = parser.parse_args(argv[:1]), argv[1:]
     elif argv and argv[0] == "run":
         args, rest = parser.parse_known_args(argv)
-    elif argv and argv[0] in ("journal", "launch") and "--" in argv:  # the program's own arguments
+    elif argv and argv[0] in ("journal", "launch", "upgrade") and "--" in argv:  # the program's own arguments
         cut = argv.index("--")
         args, rest = parser.parse_args(argv[:cut]), argv[cut + 1:]
     else:

@@ -11,6 +11,7 @@ programs you would run.
 
 from __future__ import annotations
 
+import os
 import pickle
 import runpy
 import sys
@@ -409,8 +410,9 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
     ctx = AuditContext(session, index, checkpoint, url)
     ctx.bar = tqdm(total=index.max_seq + 1, desc=f"replaying {session}", unit="call", disable=_no_bar(progress),
                    leave=False)
-    old_argv = sys.argv
+    old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [program, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(program)))  # as `python program.py` would
     error: BaseException | None = None
     try:
         with edges.installed(lambda name, journal: AuditEdge(ctx, name, journal)):
@@ -435,6 +437,7 @@ def replay_program(program: str, session: str, records: Iterable, checkpoint: di
             ok, outcome = False, f"the program raised {type(e).__name__}: {e}"
     finally:
         sys.argv = old_argv
+        sys.path[:] = old_path
         ctx.bar.close()
     return AuditReport(session, program, ok, outcome, ctx.checked, ctx.mode, ctx.divergence, ctx.gaps, error)
 

@@ -34,6 +34,7 @@ from regent.controller.membership import journaled_spare_addresses
 from regent.controller.refs import ProcRef
 from regent.controller.replay import START, SUPERVISION, ReplayIndex
 from regent.controller.supervisor import Supervisor
+from regent.controller.upgrade import HandoverWatch, request_handover, upgrading
 from regent.journal import GroupCommitWriter, open_journal
 from regent.wire.security import secure_requested
 from regent.worker.dedupe import LARGE_RESULT_BYTES
@@ -152,6 +153,7 @@ class LiveEdge:
         self.journal_url = self.journal.url
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.waited = False
+        self.upgrade_asked: tuple[float, int] | None = None  # (when, the epoch asked to hand over)
         # Where workers and standbys reach this controller: its inbox and its liveness beacon.
         self.address = controller_address(self.journal_url, secure_requested())
         self.lead = self.journal.campaign(name, self.holder, ttl_s=ttl, timeout=campaign_timeout,
@@ -181,10 +183,32 @@ class LiveEdge:
         self._links = links
         self._orphan_timeout_s = orphan_timeout_s
         self._gc_frozen = False
+        self._handover: HandoverWatch | None = None
+        if self.journaled and not self.audit:
+            self._handover = HandoverWatch(self.journal.backend, name, self.epoch, self._on_handover_request)
+        if self.upgrade_asked is not None:
+            asked_at, old_epoch = self.upgrade_asked
+            print(f"regent upgrade: session {name!r} handed over by the primary of epoch {old_epoch}; this "
+                  f"program leads it at epoch {self.epoch}, {time.time() - asked_at:.3f} s after asking",
+                  file=sys.stderr, flush=True)
 
     def _on_waiting(self) -> None:
         self.waited = True
         log.info("standing by: another controller leads this session", session=self.name)
+        if upgrading(self.name):  # `regent upgrade`: this program asks the primary to hand over
+            leader = self.journal.backend.leader(self.name)
+            if leader is not None:
+                self.upgrade_asked = (request_handover(self.journal.backend, self.name, leader[1], self.holder),
+                                      leader[1])
+                log.info("asked the primary to hand the session over", session=self.name, epoch=leader[1],
+                         primary=leader[0])
+
+    def _on_handover_request(self, request: dict) -> None:
+        """The store asks this primary to hand over (`regent upgrade`): as SIGTERM does."""
+        global _handoff_pending
+        log.info("a hand-over was asked for through the store; handing the session over at the next "
+                 "session call", session=self.name, by=request["by"])
+        _handoff_pending = True
 
     @property
     def role(self) -> str:
@@ -226,6 +250,10 @@ class LiveEdge:
             log.info("replay complete; now live", session=self.name, seq=engine.core.next_seq - 1,
                      replayed=engine.stats["replayed"], resent=engine.stats["resent"],
                      takeover_s=round(time.monotonic() - self.takeover_at, 3))
+            if self.upgrade_asked is not None:
+                print(f"regent upgrade: replayed through seq {engine.core.next_seq - 1} "
+                      f"({round(time.monotonic() - self.takeover_at, 3)} s after taking over); the new "
+                      "program runs live from here", file=sys.stderr, flush=True)
         if self._gc_frozen:
             self._gc_frozen = False
             gc.unfreeze()
@@ -314,6 +342,8 @@ class LiveEdge:
     def close(self, *, deposed: bool) -> None:
         """Release everything; resign unless deposed."""
         try:
+            if self._handover is not None:
+                self._handover.close()
             if self._clusters is not None:
                 self._clusters.close()
             self.supervisor.close()
