@@ -140,25 +140,26 @@ class Runtime(_HostTable):
             return  # the usual call, at once: this runs for every one
         refuse_oversized_call(actor, method, frames, self.inbox.max_message, self.session, self.reply_address)
 
+    def _relay_host(self, proc: ProcRef) -> str | None:
+        """The agent that relays messages to `proc`, or None (they go to the proc itself)."""
+        if not self.relaying:
+            return None
+        host = self.moved_hosts.get(proc.host, proc.host)
+        return host if host in self.relaying else None
+
     def _route(self, proc: ProcRef, msg: list) -> tuple[Peer, list, Callable[[], bool]]:
         """Where a message to `proc` goes: its host agent's peer and the message wrapped for
         the relay, or the proc's own peer. `alive` says whether a blocked send is still worth it."""
-        if self.relaying and len(msg) <= MAX_BUFFERS + 1:  # wrapped, it is still a valid message
-            host = self.moved_hosts.get(proc.host, proc.host)
-            if host in self.relaying:
-                head = self._relay_heads.get(proc.address)
-                if head is None:
-                    head = self._relay_heads[proc.address] = wire.relay_header(proc.address)
-                alive = self._host_alive.get(host)
-                if alive is None:
-                    alive = self._host_alive[host] = lambda: host not in self.lost_hosts
-                return self.outbox.peer(host), [head, *msg], alive
+        host = self._relay_host(proc)
+        if host is not None and len(msg) <= MAX_BUFFERS + 1:  # wrapped, it is still a valid message
+            head = self._relay_heads.get(proc.address)
+            if head is None:
+                head = self._relay_heads[proc.address] = wire.relay_header(proc.address)
+            alive = self._host_alive.get(host)
+            if alive is None:
+                alive = self._host_alive[host] = lambda: host not in self.lost_hosts
+            return self.outbox.peer(host), [head, *msg], alive
         return self.outbox.peer(proc.address), msg, proc.is_alive
-
-    def route_address(self, proc: ProcRef) -> str:
-        """The address messages to `proc` are sent to (its agent's, when relayed)."""
-        host = self.moved_hosts.get(proc.host, proc.host)
-        return host if host in self.relaying else proc.address
 
     def send_to_proc(self, proc: ProcRef, msg: list) -> None:
         """Send now (after whatever is queued for that proc)."""
@@ -575,7 +576,7 @@ class Runtime(_HostTable):
             proc = call.wire.procs[rank]
             if not proc.alive:
                 continue
-            if not (everything or call.seq in overdue or self.outbox.route_of(self.route_address(proc)) in peers):
+            if not (everything or call.seq in overdue or self.outbox.route_of(self._relay_host(proc) or proc.address) in peers):
                 continue
             try:
                 self.try_send_to_proc(proc, call.wire.message(rank))

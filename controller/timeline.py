@@ -12,6 +12,7 @@ from regent.controller.replay import (
     CHECKPOINT,
     END,
     OBS,
+    PATCH,
     PROCS,
     RESULT,
     START,
@@ -82,7 +83,7 @@ def _describe(rec, actor: str, method: str) -> str:
             return f"seq {d['s']:<6} host_mesh(cluster={d.get('a')!r}) = {hosts}"
         if kind in ("side_effect", "resume", "checkpoint"):
             return f"seq {d['s']:<6} {kind}()"
-        if kind == "patch":
+        if kind == PATCH:
             return f"seq {d['s']:<6} patched({d.get('m')!r}): the program from here on has this change"
         if kind == "loop":
             return f"seq {d['s']:<6} event loop {d.get('m')}: {_wake(d.get('v'))}"

@@ -5,8 +5,9 @@ metadata; frame 1 (optional) is a pickle-5 payload; frames 2.. are its out-of-ba
 buffers. A BATCH message carries many messages to one peer in one send: its metadata
 lists how many frames each one has, and each is then validated exactly as if it had
 come alone. A RELAY message asks a host agent to pass the message in its payload frames
-on, untouched, to the inbox "to" (a cast through the host: docs/design.md). Parsing validates everything before a payload is ever unpickled, and
-payloads are only unpickled from peers the transport authenticated.
+on, untouched, to the inbox "to" (a cast through the host: docs/design.md). Parsing
+validates everything before a payload is ever unpickled, and payloads are only unpickled
+from peers the transport authenticated.
 """
 
 from __future__ import annotations

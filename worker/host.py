@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 import zmq
@@ -154,19 +155,21 @@ class HostAgent(_Adoption, _WarmPool):
             self.last_activity = time.monotonic()
             try:
                 kind, meta, payload = schema.HOST.decode(frames)
-                if kind is Kind.BATCH:  # each message as if it had come alone: one bad spoils no other
-                    for sub in split_batch(meta, payload):
-                        try:
-                            self._take(frames, *schema.HOST.decode_one(sub))
-                        except ProtocolError as e:
-                            log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
-                else:
-                    self._take(frames, kind, meta, payload)
+                subs = split_batch(meta, payload) if kind is Kind.BATCH else None
             except ProtocolError as e:
-                log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
+                _dropped(frames[0], e)
+                continue
+            if subs is None:
+                self._take(frames[0], kind, meta, payload)
+            for sub in subs or ():  # each as if it had come alone: one bad spoils no other
+                try:
+                    self._take(frames[0], *schema.HOST.decode_one(sub))
+                except ProtocolError as e:
+                    _dropped(frames[0], e)
         self.relay.flush()
 
-    def _take(self, frames: list, kind: Kind, meta: dict, payload: list) -> None:
+    def _take(self, head: Any, kind: Kind, meta: dict, payload: list) -> None:
+        """One message: relayed on, or acted on. `head`: its (batch's) first frame, for the peer."""
         try:
             if kind is Kind.RELAY:
                 if not payload:
@@ -175,9 +178,9 @@ class HostAgent(_Adoption, _WarmPool):
             else:
                 self._dispatch(kind, meta)
         except ProtocolError as e:
-            log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
+            _dropped(head, e)
         except Exception:
-            log.exception("dropped message that failed to dispatch", peer=peer_of(frames[0]))
+            log.exception("dropped message that failed to dispatch", peer=peer_of(head))
 
     def _dispatch(self, kind: Kind, meta: dict) -> None:
         if kind is Kind.PROC_READY:
@@ -519,6 +522,10 @@ class HostAgent(_Adoption, _WarmPool):
             os.close(p.pidfd)
 
 
+def _dropped(head: Any, e: ProtocolError) -> None:
+    log.warning("dropped malformed message", peer=peer_of(head), error=str(e))
+
+
 def _bound_env(env: dict[str, str]) -> dict[str, str]:
     """A proc's environment with its device binding: proc i of a {"gpus": N} mesh sees GPU i
     of this host only (hipcore.binding, docs/hipcore.md). Other meshes are left unbound.
@@ -538,7 +545,6 @@ def _bound_env(env: dict[str, str]) -> dict[str, str]:
         raise ValueError(f"proc {rank} needs GPU {rank}, but this host has {info.device_count} "
                          f"{info.name} GPU(s); spawn at most {info.device_count} procs per host")
     return binding.child_env(env, int(rank), 1)
-
 
 
 def daemonize(log_path: str | None) -> None:

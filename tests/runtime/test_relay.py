@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from regent import Actor, RestartPolicy, Session, SupervisionError, context, endpoint
-from regent.journal import open_journal
-from regent.journal.hosts import registered_hosts
 from tests.support.agenthome import agent_record
+from tests.support.loopback import CLUSTER, loopback_agents
 
 HOLLOW = 8
 
@@ -49,30 +45,17 @@ def relayed(own_home) -> Path:
 
 
 @pytest.fixture
-def hollow_hosts(relayed, tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen]]]:
+def hollow_hosts(relayed, tmp_path: Path) -> Iterator[str]:
+    """Two hollow agents of HOLLOW procs, registered in an SQLite store: its url."""
     url = f"sqlite://{tmp_path / 'journal.db'}"
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "regent.cli", "host", "--cluster", "relay", "--store", url, "--advertise",
-         "127.0.0.1", "--name", name, "--ttl", "1", "--hollow", str(HOLLOW)],
-        stdout=open(tmp_path / f"agent-{name}.log", "w"), stderr=subprocess.STDOUT) for name in ("a", "b")]
-    j = open_journal(url)
-    deadline = time.monotonic() + 30
-    while len(registered_hosts(j.backend, "relay")) < 2:
-        assert time.monotonic() < deadline, "the hollow agents did not register"
-        time.sleep(0.05)
-    j.close()
-    try:
-        yield url, agents
-    finally:
-        for p in agents:
-            p.terminate()
-            p.wait(10)
+    with loopback_agents(url, tmp_path, ttl_s=1.0) as add:
+        add("a", "b", hollow=HOLLOW)
+        yield url
 
 
 def test_casts_and_their_answers_go_through_the_host_agents(hollow_hosts) -> None:
-    url, agents = hollow_hosts
-    with Session("relay-route", journal=url) as s:
-        procs = s.host_mesh(hosts=2, cluster="relay").spawn_procs(per_host={"procs": HOLLOW})
+    with Session("relay-route", journal=hollow_hosts) as s:
+        procs = s.host_mesh(hosts=2, cluster=CLUSTER).spawn_procs(per_host={"procs": HOLLOW})
         c = procs.spawn("c", Counter)
         assert [n for _, _, n in c.incr.call().get(timeout=30).values()] == [1] * 2 * HOLLOW
         c.incr.broadcast()
