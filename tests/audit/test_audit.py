@@ -234,6 +234,35 @@ def test_a_run_that_has_not_ended_passes_up_to_where_its_journal_stops(recorded,
     assert report.calls == sum(1 for r in cut if r.kind == "call")
 
 
+def _post_seqs(rec: Recorded) -> list[int]:
+    return [r.data["s"] for r in rec.records if r.kind == "call" and r.data.get("m") == "post"
+            and r.data.get("k") == "call"]
+
+
+def test_a_run_that_has_not_ended_passes_up_to_a_result_not_journaled_yet(recorded, sealed, monkeypatch):
+    # The journal of a live run, as `regent upgrade` checks it: the call of step 12 is journaled,
+    # its results not yet (group commit writes them after the fact). That is the live end.
+    seq = _post_seqs(recorded)[12]
+    first_result = next(i for i, r in enumerate(recorded.records) if r.kind == "result" and r.data["s"] == seq)
+    cut = recorded.records[:first_result]
+    monkeypatch.setenv("REGENT_TEST_SESSION", recorded.session)
+    monkeypatch.setenv("REGENT_TEST_STEPS", str(STEPS))
+    report = replay_program(str(LEDGER), recorded.session, cut, None, progress=False)
+    assert report.ok, report.render()
+    assert f"waits for the result of seq {seq} ledger.post" in report.outcome and "has not ended" in report.outcome
+    assert not report.gaps, report.gaps
+
+
+def test_a_result_missing_from_a_run_that_ended_is_still_a_gap(recorded, sealed, monkeypatch):
+    seq = _post_seqs(recorded)[12]
+    records = [r for r in recorded.records if not (r.kind == "result" and r.data["s"] == seq)]
+    monkeypatch.setenv("REGENT_TEST_SESSION", recorded.session)
+    monkeypatch.setenv("REGENT_TEST_STEPS", str(STEPS))
+    report = replay_program(str(LEDGER), recorded.session, records, recorded.checkpoint, progress=False)
+    assert not report.ok
+    assert f"seq {seq} ledger.post" in report.outcome and "journal does not hold" in report.outcome
+
+
 def test_a_program_that_stops_early_diverges_where_the_journal_goes_on(recorded, sealed, monkeypatch):
     report = _replay(recorded, monkeypatch, REGENT_TEST_STEPS=str(STEPS - 5))
     assert not report.ok
