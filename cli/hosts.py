@@ -59,6 +59,8 @@ def _cluster_parser() -> argparse.ArgumentParser:
     p.add_argument("--hollow", type=int, default=0, metavar="K",
                    help="serve spawns with at most K hollow procs inside this agent (real proc logic, no "
                         "process, torch or GPU of their own): to measure a controller at scale")
+    p.add_argument("--metrics", default=None, metavar="ADDR",
+                   help="serve Prometheus /metrics at PORT (loopback) or HOST:PORT (default: off)")
     p.add_argument("--daemonize", action="store_true", help="fork into the background and return at once")
     p.add_argument("--log", default=None, help="log file (with --daemonize)")
     return p
@@ -78,6 +80,14 @@ def cluster_agent(argv: list[str]) -> int:
     if not 0.5 <= a.ttl <= 60:
         print(f"regent host: --ttl {a.ttl:g} must lie between 0.5 and 60 seconds", file=sys.stderr)
         return 2
+    if a.metrics is not None:
+        from regent.worker.metrics import parse_address
+
+        try:
+            parse_address(a.metrics)
+        except ValueError as e:
+            print(f"regent host: --metrics: {e}", file=sys.stderr)
+            return 2
     if a.hollow < 0:
         print(f"regent host: --hollow {a.hollow}: give the most hollow procs this agent serves (K >= 1)",
               file=sys.stderr)
@@ -139,7 +149,8 @@ def cluster_agent(argv: list[str]) -> int:
         return leave
 
     try:
-        serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join, hollow=a.hollow)
+        serve_agent(bind, a.port, float("inf"), advertise=a.advertise, on_serving=join, hollow=a.hollow,
+                    metrics=a.metrics)
     except HostNameInUse as e:
         print(f"regent host: {e}", file=sys.stderr)
         return 2

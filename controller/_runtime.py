@@ -71,12 +71,15 @@ _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or
 class Runtime(_HostTable):
     def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None, *,
                  outcomes: OutcomePort | None = None, drive: Drive | None = None,
-                 interrupt: Callable[[], None] | None = None, bind_host: str = "127.0.0.1"):
+                 interrupt: Callable[[], None] | None = None, bind_host: str = "127.0.0.1",
+                 metrics: Any = None):
         """`outcomes` journals each accepted outcome before the program sees it and says how far
         workers may drop results (controller.recorder); whoever holds `drive` steps `core`
         and reads the inbox (the session's engine shares it); `interrupt()` runs at each poll
-        of a wait and may raise into the waiting program (a deferred SIGTERM hand-off)."""
+        of a wait and may raise into the waiting program (a deferred SIGTERM hand-off).
+        `metrics` (controller.metrics.ControllerMetrics) is told how long each live call took."""
         self._interrupt = interrupt or _nothing
+        self.metrics = metrics
         self.session = session
         self.epoch = epoch
         self.core = core
@@ -459,6 +462,8 @@ class Runtime(_HostTable):
                     self.outcomes.record(call, point, outcome)
             finally:
                 self.core.recorded(call.seq)
+        if self.metrics is not None and call.complete and call.wire is not None and not self.quiet():
+            self.metrics.call_done(call.kind, time.monotonic() - call.wire.issued_at)
         call.sink.deliver(call, point)
 
     def mark_dead(self, proc: ProcRef, reason: str) -> None:

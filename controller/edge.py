@@ -22,7 +22,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -39,6 +39,9 @@ from regent.journal import GroupCommitWriter, open_journal
 from regent.wire.security import secure_requested
 from regent.worker.dedupe import LARGE_RESULT_BYTES
 from regent.worker.discovery import ensure_local_host
+
+if TYPE_CHECKING:
+    from regent.controller.metrics import ControllerMetrics
 
 log = structlog.get_logger("regent.session")
 
@@ -146,8 +149,9 @@ class LiveEdge:
 
     def __init__(self, name: str, journal: str | None, *, lease_ttl_s: float | None = None,
                  campaign_timeout: float | None = None, links: Any = None,
-                 orphan_timeout_s: float | None = None):
+                 orphan_timeout_s: float | None = None, metrics: ControllerMetrics | None = None):
         self.name = name
+        self.metrics = metrics
         ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))
         self.journal = NoJournal() if journal == "off" else open_journal(journal)
         self.journal_url = self.journal.url
@@ -195,6 +199,8 @@ class LiveEdge:
     def _on_waiting(self) -> None:
         self.waited = True
         log.info("standing by: another controller leads this session", session=self.name)
+        if self.metrics is not None:
+            self.metrics.standing_by(self.journal)
         if upgrading(self.name):  # `regent upgrade`: this program asks the primary to hand over
             leader = self.journal.backend.leader(self.name)
             if leader is not None:
@@ -217,20 +223,29 @@ class LiveEdge:
     def connect(self, core: Any, drive: Drive, outcomes: Any, on_failure: Callable,
                 on_lost: Callable[[str], None]) -> None:
         """Start the writer, the runtime and the supervisor; a takeover fences the workers."""
+        metrics = self.metrics
         self.writer: JournalWriter = GroupCommitWriter(
-            self.lead, max_delay_s=JOURNAL_LINGER_S, on_failure=on_failure) if self.journaled else NoWriter()
+            self.lead, max_delay_s=JOURNAL_LINGER_S, on_failure=on_failure,
+            on_commit=None if metrics is None else metrics.committed) if self.journaled else NoWriter()
         if self.replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         outcomes.use(self.writer)
         self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive,
                                interrupt=raise_pending_handoff,
-                               bind_host=self.address)
+                               bind_host=self.address, metrics=metrics)
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
-        self.supervisor = Supervisor(self.runtime, lambda d: self.writer.submit(SUPERVISION, d), self.sid,
+        self.supervisor = Supervisor(self.runtime, self._record_supervision, self.sid,
                                      sys_path(), clusters=self.clusters,
                                      journaled=self.replay.supervision if self.replay is not None else [],
                                      durable=lambda lsn: self.writer.wait_durable(lsn, timeout=30.0))
         self.lead.on_lost(on_lost)
+        if metrics is not None:
+            replay = self.replay
+            metrics.leading(self.epoch, self.writer, lambda: 0 if replay is None else
+                            max(0, replay.max_seq - core.next_seq + 1))
+            runtime = self.runtime
+            metrics.host_counts(lambda: len(set(runtime.hosts) - set(runtime.lost_hosts)),
+                                lambda: len(runtime.lost_hosts))
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _raise_handoff)
@@ -243,9 +258,18 @@ class LiveEdge:
                 gc.freeze()
                 self._gc_frozen = True
 
+    def _record_supervision(self, entry: dict) -> int:
+        """Journal a supervision event (the supervisor's `record`), then count it."""
+        lsn = self.writer.submit(SUPERVISION, entry)
+        if self.metrics is not None:
+            self.metrics.supervision(entry)
+        return lsn
+
     def live(self, engine: Any = None) -> None:
         """Replay is over (or the session closes): give back to the cyclic GC what was frozen
         for it."""
+        if engine is not None and self.metrics is not None and self.replay is not None:
+            self.metrics.took_over(time.monotonic() - self.takeover_at)
         if engine is not None:
             log.info("replay complete; now live", session=self.name, seq=engine.core.next_seq - 1,
                      replayed=engine.stats["replayed"], resent=engine.stats["resent"],

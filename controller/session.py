@@ -94,12 +94,16 @@ class Session:
     with no restart policy failed), on the program's thread, at its next session call; journaled
     first, and called again at the same point by a standby's replay (controller/faults.py).
     Default: the failure is logged (it also reaches the program as SupervisionError on calls).
+    metrics: where this controller serves Prometheus /metrics, "PORT" (loopback) or
+    "HOST:PORT", from before it campaigns (a standby serves its own); default
+    $REGENT_METRICS_ADDR, off when unset (docs/observability.md).
     """
 
     def __init__(self, name: str, journal: str | None = None, *, lease_ttl_s: float | None = None,
                  campaign_timeout: float | None = None, links: Any = None,
                  orphan_timeout_s: float | None = None,
-                 on_unhandled_fault: Callable[[MeshFailure], Any] | None = None):
+                 on_unhandled_fault: Callable[[MeshFailure], Any] | None = None,
+                 metrics: str | None = None):
         if not name or "/" in name or len(name) > 128:
             raise ValueError(f"session name {name!r} must be 1..128 characters without '/'")
         configure_logging(only_if_unconfigured=True)
@@ -109,8 +113,14 @@ class Session:
         self._lost: str | None = None
         self._journal_failed: BaseException | None = None
         self._log = structlog.get_logger("regent.program").bind(session=name)
-        edge = self._edge = open_edge(name, journal, lease_ttl_s=lease_ttl_s, campaign_timeout=campaign_timeout,
-                                      links=links, orphan_timeout_s=orphan_timeout_s)
+        self._metrics = _open_metrics(name, metrics)
+        try:
+            edge = self._edge = open_edge(name, journal, lease_ttl_s=lease_ttl_s, campaign_timeout=campaign_timeout,
+                                          links=links, orphan_timeout_s=orphan_timeout_s, metrics=self._metrics)
+        except BaseException:
+            if self._metrics is not None:
+                self._metrics.close()
+            raise
         self.journal_url, self.holder, self.epoch = edge.journal_url, edge.holder, edge.epoch
         self.run_id, self.sid, self.takeover_at = edge.run_id, edge.sid, edge.takeover_at
         self._engine = Engine(edge.sid, edge.replay, journaled=edge.journaled, value_limit=journal_value_limit())
@@ -146,6 +156,11 @@ class Session:
     @property
     def waited(self) -> bool:
         return self._edge.waited
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where this controller serves Prometheus /metrics, or None when it does not."""
+        return None if self._metrics is None else self._metrics.url
 
     @property
     def core(self) -> ControllerCore:
@@ -197,7 +212,12 @@ class Session:
         except LeadershipLost:
             deposed = True
         finally:
-            self._edge.close(deposed=deposed)
+            try:
+                self._edge.close(deposed=deposed)
+            finally:
+                if self._metrics is not None:
+                    self._metrics.resigned()
+                    self._metrics.close()
 
     def _stop_on_hosts(self) -> None:
         """The session ended: every host agent it used (this machine's, its clusters' hosts and
@@ -388,6 +408,8 @@ class Session:
             if isinstance(sink, StreamSink):  # the stream reads results from its call; other
                 sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
             if jc is None:
+                if self._metrics is not None:
+                    self._metrics.call_issued(kind, actor, method)
                 task = None if self._loop is None else self._loop.task_name()
                 self._recorder.collect(engine.call_record(seq, kind, actor, method, digest, ranks, time.time(),
                                                           task).item)
@@ -583,3 +605,14 @@ class Session:
 
 
 __all__ = ["Handoff", "NonDeterminismError", "RunFinished", "Session"]
+
+
+def _open_metrics(session: str, address: str | None) -> Any:
+    """The controller's metrics, served at `address` (else $REGENT_METRICS_ADDR); None when
+    off, so a session without them pays nothing on its calls."""
+    if not (address if address is not None else os.environ.get("REGENT_METRICS_ADDR")):
+        return None
+    from regent.controller.metrics import ControllerMetrics
+
+    metrics = ControllerMetrics(session)
+    return metrics if metrics.serve(address) else None

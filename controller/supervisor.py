@@ -239,8 +239,11 @@ class Supervisor:
         if rank >= len(state.procs) or state.procs[rank] is not proc:
             return  # the mesh shrank since: this point left with its host
         sup = state.supervisor
-        self._event("failure", mesh=mesh, rank=rank, reason=reason, abnormal=abnormal)
         lost = self._lost_host(proc)
+        # A bounded name for why (the reason's text names pids and hosts): metrics and status use it.
+        cause = "host_lost" if lost else "proc_died" if not proc.alive else "actor_failed" if abnormal \
+            else "actor_exited"
+        self._event("failure", mesh=mesh, rank=rank, reason=reason, abnormal=abnormal, cause=cause)
         if lost is not None and sup.policy.on_host_lost == "shrink" and not sup.escalated:
             self._shrink(state, rank, lost, reason)
             return

@@ -43,9 +43,12 @@ class GroupCommitWriter:
     """
 
     def __init__(self, lead: Leadership, max_batch: int = 512, max_delay_s: float = 0.002,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_commit: Callable[[int, float], None] | None = None) -> None:
         """`on_failure(exc)` is called once, on the writer's thread, when an append fails:
-        a collector's items raise nothing, so their owner hears of a failure this way."""
+        a collector's items raise nothing, so their owner hears of a failure this way.
+        `on_commit(records, seconds)`, on the same thread, after each append is durable
+        (the controller's metrics)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._lead = lead
@@ -70,6 +73,7 @@ class GroupCommitWriter:
         self._closes_begun = 0
         self._closed: tuple[int, int] = (0, self._next_lsn - 1)
         self._on_failure = on_failure
+        self._on_commit = on_commit
         self._error: BaseException | None = None
         self._closing = False
         self._thread = threading.Thread(
@@ -295,6 +299,7 @@ class GroupCommitWriter:
             if taken is None:
                 return
             first, entries = taken
+            began = time.monotonic()
             try:
                 frames = codec.encode_entries(self._epoch, entries)
                 last = self._lead.append_frames(first, frames)
@@ -321,3 +326,8 @@ class GroupCommitWriter:
             with self._cond:
                 self._durable = last
                 self._cond.notify_all()
+            if self._on_commit is not None:
+                try:
+                    self._on_commit(len(entries), time.monotonic() - began)
+                except Exception:
+                    log.exception("on_commit callback failed", session=self._lead.session)

@@ -563,12 +563,16 @@ def daemonize(log_path: str | None) -> None:
 
 def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float = 60.0,
                 advertise: str | None = None,
-                on_serving: Callable[[HostAgent], Callable[[], None]] | None = None, hollow: int = 0) -> None:
+                on_serving: Callable[[HostAgent], Callable[[], None]] | None = None, hollow: int = 0,
+                metrics: str | None = None) -> None:
     """Run this machine's agent until it is stopped (SIGTERM) or idle: it takes over from a
     dead predecessor named by the host file, publishes itself there, and withdraws at the
     end. `on_serving(agent)` runs once it is bound (a cluster agent registers in the store
-    there) and returns what to call when it stops."""
+    there) and returns what to call when it stops. `metrics`: where to serve /metrics
+    (worker/metrics.py; None: off, whatever the environment says, since a controller's
+    $REGENT_METRICS_ADDR is its own and reaches the agents it starts)."""
     from regent.worker.logsetup import configure_logging
+    from regent.worker.metrics import agent_registry, serve_metrics
 
     configure_logging()
     previous = discovery.host_record()
@@ -587,6 +591,7 @@ def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float 
     except BaseException:
         discovery.withdraw()  # refused (a live agent holds its name): it never served
         raise
+    exporter = serve_metrics(agent_registry(agent, hollow > 0), metrics or "", "host agent")
     try:
         agent.serve()
     finally:
@@ -595,6 +600,8 @@ def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float 
                 stop()
         finally:
             discovery.withdraw()
+            if exporter is not None:
+                exporter.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -604,10 +611,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--idle-exit", type=float, default=float(os.environ.get("REGENT_HOST_IDLE_EXIT_S", "60")))
     p.add_argument("--daemonize", action="store_true", help="fork into the background and return at once")
     p.add_argument("--log", default=None, help="log file (with --daemonize)")
+    p.add_argument("--metrics", default=None, metavar="ADDR", help="serve Prometheus /metrics at PORT or HOST:PORT")
     a = p.parse_args(argv)
     if a.daemonize:
         daemonize(a.log)
-    serve_agent(a.bind_host, a.port, a.idle_exit)
+    serve_agent(a.bind_host, a.port, a.idle_exit, metrics=a.metrics)
 
 
 if __name__ == "__main__":

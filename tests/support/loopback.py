@@ -20,11 +20,13 @@ from regent.journal.hosts import registered_hosts
 CLUSTER = "loop"
 
 
-def start_agent(url: str, name: str, logs: Path, ttl_s: float, hollow: int = 0) -> subprocess.Popen:
-    """An agent; `hollow`: a hollow host of that many procs at most (`regent host --hollow`)."""
+def start_agent(url: str, name: str, logs: Path, ttl_s: float, hollow: int = 0,
+                extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """An agent; `hollow`: a hollow host of that many procs at most (`regent host --hollow`);
+    `extra`: more arguments of `regent host`."""
     return subprocess.Popen(
         [sys.executable, "-m", "regent.cli", "host", "--cluster", CLUSTER, "--store", url, "--advertise",
-         "127.0.0.1", "--name", name, "--ttl", str(ttl_s), *(["--hollow", str(hollow)] if hollow else [])],
+         "127.0.0.1", "--name", name, "--ttl", str(ttl_s), *(["--hollow", str(hollow)] if hollow else []), *extra],
         stdout=open(logs / f"agent-{name}.log", "a"), stderr=subprocess.STDOUT)
 
 
@@ -46,9 +48,9 @@ def loopback_agents(url: str, logs: Path, ttl_s: float) -> Iterator[Callable[...
     add("h", hollow=8): a hollow one."""
     agents: dict[str, subprocess.Popen] = {}
 
-    def add(*names: str, hollow: int = 0) -> dict[str, subprocess.Popen]:
+    def add(*names: str, hollow: int = 0, extra: tuple[str, ...] = ()) -> dict[str, subprocess.Popen]:
         for name in names:
-            agents[name] = start_agent(url, name, logs, ttl_s, hollow)
+            agents[name] = start_agent(url, name, logs, ttl_s, hollow, extra)
         wait_registered(url, list(names))
         return agents
 
