@@ -34,7 +34,14 @@ from regent.controller.membership import journaled_spare_addresses
 from regent.controller.refs import ProcRef
 from regent.controller.replay import START, SUPERVISION, ReplayIndex
 from regent.controller.supervisor import Supervisor
-from regent.controller.upgrade import HandoverWatch, request_handover, upgrading
+from regent.controller.upgrade import (
+    HandoverWatch,
+    ProgramChanged,
+    announce_program,
+    request_handover,
+    takeover_check,
+    upgrading,
+)
 from regent.journal import GroupCommitWriter, open_journal
 from regent.wire.security import secure_requested
 from regent.worker.dedupe import LARGE_RESULT_BYTES
@@ -179,6 +186,14 @@ class LiveEdge:
             raise RunFinished(f"session {name!r}: the run this standby waited on ({previous.run}) has "
                               "finished; exiting without running it again")
         resuming = previous.run is not None and not previous.ended
+        # A standby of a program the session no longer runs (or is being handed to) steps
+        # aside; the one `regent upgrade` started journals itself as the run's program.
+        refusal, self._announce = takeover_check(self.journal.backend, name, previous) if resuming else (None, False)
+        if refusal is not None:
+            self.lead.resign()
+            self.lead.close()
+            self.journal.close()
+            raise ProgramChanged(refusal)
         self.replay: ReplayIndex | None = previous if resuming else None
         self.run_id = previous.run if resuming else secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
@@ -229,6 +244,8 @@ class LiveEdge:
             on_commit=None if metrics is None else metrics.committed) if self.journaled else NoWriter()
         if self.replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
+        elif self._announce:  # durable before this program's first live call (controller/upgrade.py)
+            self.writer.wait_durable(announce_program(self.writer, self.holder), timeout=30.0)
         outcomes.use(self.writer)
         self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive,
                                interrupt=raise_pending_handoff,

@@ -11,6 +11,7 @@ from regent.controller.replay import (
     CALL,
     END,
     PATCH,
+    PROGRAM,
     RESULT,
     START,
     SUPERVISION,
@@ -124,6 +125,10 @@ def export_perfetto(records: Iterable, session: str = "") -> dict:
             events.append({"ph": "i", "s": "t" if where else "g", "name": f"supervision: {d.get('ev')}",
                            "cat": "restart", "ts": us(rec.ts), "pid": pid, "tid": tid,
                            "args": {k: _plain(v) for k, v in d.items()}})
+        elif rec.kind == PROGRAM:
+            events.append({"ph": "i", "s": "g", "name": f"program changed: {d.get('path')}", "cat": "upgrade",
+                           "ts": us(rec.ts), "pid": markers[0], "tid": markers[1],
+                           "args": {"path": d.get("path"), "digest": d.get("digest"), "lsn": rec.lsn}})
         elif rec.kind == END:
             events.append({"ph": "i", "s": "g", "name": "run ends" + (" with an error" if d.get("error") else ""),
                            "cat": "run", "ts": us(rec.ts), "pid": markers[0], "tid": markers[1],

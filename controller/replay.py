@@ -30,6 +30,7 @@ PROCS = "procs"  # {s, procs: [...]}: what spawn_procs got
 SUPERVISION = "sup"  # {ev, ...}
 CHECKPOINT = "ckpt"  # {s}
 END = "session_end"  # {error?}
+PROGRAM = "program"  # {path, digest, by, ts}: `regent upgrade`'s program leads the run from here
 PATCH = "patch"  # a CALL record's kind: the marker of s.patched(change id), the id as its method
 MAX_CHANGE_ID = 200
 
@@ -207,6 +208,7 @@ class ReplayIndex:
         self.epochs: list[int] = []
         self.last_lsn = -1
         self.max_seq = -1
+        self.program: dict | None = None  # the newest PROGRAM record's {path, digest}
 
     def add(self, rec: Any) -> None:
         """Index one record (CALLS and RESULTS records through `_add_calls`, `_add_results`)."""
@@ -241,6 +243,10 @@ class ReplayIndex:
                     if isinstance(r, int) and isinstance(inc, int):
                         key = (d.get("mesh"), r)
                         self.incarnations[key] = max(self.incarnations.get(key, 0), inc)
+        elif kind == PROGRAM:
+            path, digest = d.get("path"), d.get("digest")
+            if isinstance(path, str) and isinstance(digest, str):
+                self.program = {"path": path, "digest": digest}
         elif kind == END:
             self.ended = True
 

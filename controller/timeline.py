@@ -14,6 +14,7 @@ from regent.controller.replay import (
     OBS,
     PATCH,
     PROCS,
+    PROGRAM,
     RESULT,
     START,
     SUPERVISION,
@@ -104,6 +105,8 @@ def _describe(rec, actor: str, method: str) -> str:
         return f"supervision {d}"
     if k == CHECKPOINT:
         return f"seq {d.get('s')} checkpoint"
+    if k == PROGRAM:
+        return f"program {d.get('path')} (sha256 {str(d.get('digest'))[:16]}) leads the run from here (regent upgrade)"
     if k == END:
         return "run ended" + (f" with error {d['error']}" if d.get("error") else "")
     return f"{k} {d}"

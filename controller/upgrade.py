@@ -3,12 +3,18 @@ writes a request naming the epoch it wants handed over; the primary of that epoc
 for it, steps down at its next safe point as a SIGTERM would make it (controller/edge.py,
 Handoff), wherever it runs. The request lives among the store's cluster values, in a space of
 the session's own ("session:<name>", which no cluster name can be), one per epoch.
+
+Both the request and a journal record the new program writes once it leads name the program
+(its main file's sha256), so a standby of the old program refuses to take over (`other_program`)
+rather than replay the new history with the old code and diverge.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,12 +22,45 @@ from typing import Any
 
 import structlog
 
+from regent.controller.replay import PROGRAM as PROGRAM_RECORD
+
 log = structlog.get_logger("regent.upgrade")
 
 # Set by `regent upgrade` for the program it runs: the session it upgrades (its primary, whatever
 # its epoch when this program stands by, is asked to hand over).
 UPGRADE_ENV = "REGENT_UPGRADE"
 WATCH_INTERVAL_S = 0.05
+# The exit status of a controller that would not take over a session another program now runs.
+EXIT_OTHER_PROGRAM = 3
+
+
+def _main_program() -> dict | None:
+    """This process's program, {"path", "digest"} (sha256 of its main file), or None when it
+    has no file (python -c, a notebook)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return {"path": os.path.abspath(path)[:500], "digest": hashlib.sha256(f.read()).hexdigest()}
+    except OSError:
+        return None
+
+
+# Read once, as the program starts (regent is imported at its top): a file edited in place
+# later, as `regent upgrade S train.py` after editing train.py, must not pass for the code
+# this process runs.
+THIS_PROGRAM = _main_program()
+
+
+class ProgramChanged(SystemExit):
+    """This controller runs another program than the one its session now runs (`regent
+    upgrade` changed it): it exits rather than take over and diverge."""
+
+    def __init__(self, message: str):
+        super().__init__(EXIT_OTHER_PROGRAM)
+        self.message = message
+        sys.stderr.write(message + "\n")
 
 
 def _space(session: str) -> str:
@@ -38,27 +77,72 @@ def upgrading(session: str) -> bool:
 
 
 def request_handover(backend: Any, session: str, epoch: int, by: str) -> float:
-    """Ask the primary of `epoch` to hand `session` over; when the request was made (time.time())."""
+    """Ask the primary of `epoch` to hand `session` over to this program; when the request was
+    made (time.time())."""
     at = time.time()
-    backend.claim_cluster_value(_space(session), _name(epoch), json.dumps({"by": by, "at": at}).encode())
+    backend.claim_cluster_value(_space(session), _name(epoch),
+                                json.dumps({"by": by, "at": at, "program": THIS_PROGRAM}).encode())
     return at
 
 
 def handover_request(backend: Any, session: str, epoch: int) -> dict | None:
-    """The request to hand over `epoch`, if one was made: {"by": holder, "at": time}. The store's
-    value is untrusted: anything but that shape is taken for no request (and logged)."""
+    """The request to hand over `epoch`, if one was made: {"by": holder, "at": time, "program":
+    {"path", "digest"} | None}. The store's value is untrusted: anything but that shape is taken
+    for no request (and logged)."""
     raw = backend.cluster_value(_space(session), _name(epoch))
     if raw is None:
         return None
     try:
         value = json.loads(raw)
         if isinstance(value, dict) and isinstance(value.get("by"), str) and isinstance(value.get("at"), int | float):
-            return {"by": value["by"][:200], "at": float(value["at"])}
+            return {"by": value["by"][:200], "at": float(value["at"]), "program": _program(value.get("program"))}
     except ValueError:
         pass
     log.warning("ignoring a malformed hand-over request in the store", session=session, epoch=epoch,
                 value=raw[:200])
     return None
+
+
+def _program(value: Any) -> dict | None:
+    """A program named by the store or the journal, checked: {"path": str, "digest": str}."""
+    if isinstance(value, dict) and isinstance(value.get("path"), str) and isinstance(value.get("digest"), str):
+        return {"path": value["path"][:500], "digest": value["digest"][:64]}
+    return None
+
+
+def announce_program(writer: Any, by: str) -> int:
+    """Journal that this program leads the run from here (the lsn to wait for): written by the
+    program `regent upgrade` started, before its first live call."""
+    named = THIS_PROGRAM or {"path": "?", "digest": ""}
+    return writer.submit(PROGRAM_RECORD, {**named, "by": by, "ts": time.time()})
+
+
+def takeover_check(backend: Any, session: str, index: Any) -> tuple[str | None, bool]:
+    """Before this process takes over `session`, whose unfinished run the journal `index` holds:
+    why it must not (the run is being handed over to another program: a request for the
+    journal's last epoch names it; or another program leads it since an upgrade: its PROGRAM
+    record), else None; and whether it is to journal itself as the run's program (it is the one
+    `regent upgrade` started, or the one the request named and the journal does not yet)."""
+    if upgrading(session):
+        return None, True  # checked by replaying the journal before it was started
+    theirs, how = index.program, "runs another program since `regent upgrade`"
+    if index.epochs:
+        try:
+            request = handover_request(backend, session, index.epochs[-1])
+        except Exception as e:  # the store is down: the journal's record still says which runs it
+            log.warning("cannot read the session's hand-over request", session=session, error=str(e))
+            request = None
+        if request is not None and request["program"] is not None:
+            theirs, how = request["program"], ("is being handed over to another program by `regent upgrade` "
+                                                f"(asked by {request['by']})")
+    if theirs is None or THIS_PROGRAM is None:
+        return None, False  # no upgrade named a program, or this one has no file to compare
+    if theirs["digest"] == THIS_PROGRAM["digest"]:
+        return None, index.program is None or index.program["digest"] != theirs["digest"]
+    return (f"session {session!r} {how}: {theirs['path']} (sha256 {theirs['digest'][:16]}); this controller runs "
+            f"{THIS_PROGRAM['path']} (sha256 {THIS_PROGRAM['digest'][:16]}). It exits rather than take the session "
+            "over and diverge from the new program's history: stop the old program's standbys and start "
+            "standbys of the new one (or `regent upgrade` to this program)."), False
 
 
 class HandoverWatch:

@@ -4,7 +4,7 @@ REGENT_TEST_VERSION: v1 adds 1 per step; v2 also adds 10 per step behind s.patch
 v3 adds 2 instead of 1 with no marker (an incompatible change); v4 has dropped v1's branch
 (s.deprecate_patch("extra")); v2-async runs v2's steps in two tasks of s.run. The rest as
 mixed.py: REGENT_TEST_SESSION, _JOURNAL, _STEPS, _LEADER_FILE, _STEP_S, _HOLD_FILE (live steps
-from 3 on wait while it exists). Prints one JSON line: the counter's total and what it ran.
+from _HOLD_AT, default 3, on wait while it exists). Prints one JSON line: the counter's total and what it ran.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "20"))
     pace_s = float(os.environ.get("REGENT_TEST_STEP_S", "0"))
     hold = os.environ.get("REGENT_TEST_HOLD_FILE")
+    hold_at = int(os.environ.get("REGENT_TEST_HOLD_AT", "3"))
     with session_from_env() as s:
         note_leader()
         c = s.spawn_procs(per_host={"procs": 1}).spawn("c", Counter)
@@ -55,7 +56,7 @@ def main() -> None:
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
                 time.sleep(pace_s)
-                while hold and i >= 3 and os.path.exists(hold):
+                while hold and i >= hold_at and os.path.exists(hold):
                     time.sleep(0.02)
 
         if version == "v2-async":
