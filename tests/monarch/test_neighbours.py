@@ -6,6 +6,7 @@ what a sync endpoint sees of the event loop (none, as in Monarch)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ from regent.worker import (
     Actor,
     ActorError,
     ActorMeshRef,
+    concurrent_endpoint,
     context,
     current_actor_name,
     current_rank,
@@ -61,8 +63,8 @@ class Indirect(Actor):
 
 class CastToCounter(Actor):
     @endpoint
-    def doit(self, c: ActorMeshRef) -> list[int]:
-        return c.value.call().get(timeout=30).values()
+    def doit(self, c: ActorMeshRef) -> list:
+        return list(c.value.call().get())  # Monarch's: (point, value) pairs
 
 
 class To(Actor):
@@ -122,6 +124,14 @@ class LoopProbe(Actor):
         return asyncio.run(seven())
 
     @endpoint
+    def get_in_sync(self, c: ActorMeshRef) -> tuple[int, list[str]]:
+        """Monarch's test_sync_endpoint_has_no_visible_loop_and_get_does_not_warn."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = c.value.choose().get()
+        return value, [str(w.message) for w in caught]
+
+    @endpoint
     async def get_in_async(self, c: ActorMeshRef) -> tuple[int, list[str]]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -159,9 +169,10 @@ def test_value_mesh_a_sync_endpoint_casts_to_a_mesh_with_a_member_on_its_proc(pr
     counter = procs.spawn("vm_counter", Counter, 0)
     counter.slice(procs=1).incr.broadcast()
     x = counter.value.call().get(timeout=30)
-    assert x.values() == [0, 1]
+    assert x.item(hosts=0, procs=0) == 0 and x.item(hosts=0, procs=1) == 1
+    assert x.slice(hosts=0, procs=1).item() == 1
     n = procs.spawn("ctc", CastToCounter)
-    assert n.slice(procs=0).doit.call_one(counter).get(timeout=30) == x.values()
+    assert n.slice(procs=0).doit.call_one(counter).get(timeout=30) == list(x)
 
 
 @pytest.mark.timeout(120)
@@ -196,6 +207,7 @@ def test_a_sync_endpoint_sees_no_running_loop_and_get_in_an_async_one_warns(proc
     value, warned = p.slice(procs=0).get_in_async.call_one(c.slice(procs=1)).get(timeout=30)
     assert value == 9
     assert any("active event loop" in w for w in warned), warned
+    assert p.slice(procs=1).get_in_sync.call_one(c.slice(procs=1)).get(timeout=30) == (9, [])
 
 
 class Kid(Actor):
@@ -240,3 +252,77 @@ def test_an_init_waits_on_an_async_neighbour_and_its_spawn_returns_after(procs):
     c.slice(procs=1).incr.broadcast()
     ic = procs.spawn("init_caller", InitCaller, c)
     assert ic.seen_at_init.call().get(timeout=30).values() == [5, 6]
+
+
+class Gate(Actor):
+    """Holds each `wait_open` until `open` (a concurrent endpoint, so `open` gets in)."""
+
+    def __init__(self) -> None:
+        self.opened: asyncio.Event | None = None
+        self.waiting = 0
+
+    def _event(self) -> asyncio.Event:
+        if self.opened is None:
+            self.opened = asyncio.Event()
+        return self.opened
+
+    @concurrent_endpoint
+    async def wait_open(self) -> str:
+        self.waiting += 1
+        await self._event().wait()
+        return "open"
+
+    @endpoint
+    async def waiters(self) -> int:
+        return self.waiting
+
+    @endpoint
+    async def open(self) -> None:
+        self._event().set()
+
+
+class Holder(Actor):
+    def __init__(self) -> None:
+        self.log: list = []
+
+    @endpoint
+    def hold(self, gate: ActorMeshRef) -> str:
+        self.log.append("hold")
+        got = gate.wait_open.call_one().get(timeout=60)
+        self.log.append(got)
+        return got
+
+    @endpoint
+    def note(self, i: int) -> None:
+        self.log.append(i)
+
+    @endpoint
+    def seen(self) -> list:
+        return list(self.log)
+
+
+class Neighbour(Actor):
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+@pytest.mark.timeout(120)
+def test_a_sync_endpoint_waiting_on_a_neighbour_holds_its_own_actors_calls_in_order_while_the_proc_serves(procs):
+    """One message at a time per actor, not per proc: while `hold` waits, the same sender's
+    later calls to its actor wait behind it, in order, and other actors of the proc run."""
+    gate = procs.spawn("hold_gate", Gate).slice(procs=0)
+    holder = procs.spawn("holder", Holder).slice(procs=0)
+    neighbour = procs.spawn("hold_neighbour", Neighbour).slice(procs=0)
+    held = holder.hold.call_one(gate)
+    notes = [holder.note.call_one(i) for i in range(3)]
+    deadline = time.monotonic() + 30
+    while gate.waiters.call_one().get(timeout=30) == 0:
+        assert time.monotonic() < deadline, "hold never called the gate"
+        time.sleep(0.05)
+    assert neighbour.ping.call_one().get(timeout=30) == "pong"  # a sync endpoint of the proc runs
+    assert not held.wait(timeout=0.5) and not any(n.done() for n in notes)
+    gate.open.call_one().get(timeout=30)
+    assert held.get(timeout=30) == "open"
+    assert [n.get(timeout=30) for n in notes] == [None, None, None]
+    assert holder.seen.call_one().get(timeout=30) == ["hold", "open", 0, 1, 2]
