@@ -269,3 +269,38 @@ def test_a_mesh_whose_members_all_failed_frees_its_name_on_live_procs():
         with pytest.raises(SupervisionError):
             q.slice(procs=1).quit.call_one().get(timeout=30)
         assert procs.spawn("quitter", Quitter).check.call().get(timeout=30).values() == ["ok", "ok"]
+
+
+class Stopper(Actor):
+    @endpoint
+    def stop_it(self, mesh: ActorMeshRef) -> None:
+        mesh.stop()
+
+
+class PrinterOwner(Actor):
+    def __init__(self, procs: ProcMeshRef) -> None:
+        self.printers = procs.spawn("owned_printer", Printer)
+
+    @endpoint
+    def printers_mesh(self) -> ActorMeshRef:
+        return self.printers
+
+
+@pytest.mark.timeout(120)
+def test_a_call_to_an_actor_stopped_by_an_actor_or_by_its_owner_ending_names_that_actor(session):
+    procs = session.spawn_procs(per_host={"procs": 1})
+    asker = procs.spawn("asker2", Asker)
+    printer = procs.spawn("printer2", Printer)
+    procs.spawn("stopper", Stopper).stop_it.call_one(printer).get(timeout=30)
+    said = asker.ask.call_one(printer).get(timeout=30)
+    assert "printer2 was stopped by actor stopper[0]" in said, said
+
+    owner = procs.spawn("printer_owner", PrinterOwner, procs)
+    owned = owner.printers_mesh.call_one().get(timeout=30)
+    assert asker.ask.call_one(owned).get(timeout=30) == "hi"
+    owner.stop()
+    deadline = time.monotonic() + 30  # an owner's stop of its meshes is not waited for
+    while (said := asker.ask.call_one(owned).get(timeout=30)) == "hi" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "owned_printer was stopped by its owner printer_owner[0] ending" in said, said
+    procs.stop()
