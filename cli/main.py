@@ -86,6 +86,12 @@ def _cmd_upgrade(args: argparse.Namespace, rest: list[str]) -> int:
     return run(args, rest)
 
 
+def _cmd_status(args: argparse.Namespace, rest: list[str]) -> int:
+    from regent.cli.status import run
+
+    return run(args)
+
+
 def _cmd_chaos(args: argparse.Namespace, rest: list[str]) -> int:
     from regent.chaos.cli import run
 
@@ -237,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     from regent.cli.upgrade import add_parser as _upgrade_parser
 
     _upgrade_parser(sub)
+    from regent.cli.status import add_parser as _status_parser
+
+    _status_parser(sub)
     jr = sub.add_parser("journal", help="inspect a session's journal")
     jr.add_argument("--journal", default=os.environ.get("REGENT_JOURNAL"),
                     help="etcd://host:port, etcds://host:port?ca=..&cert=..&key=.. (TLS; add &user=NAME "
@@ -280,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = {"host": _cmd_host, "hosts": _cmd_hosts, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal,
-             "chaos": _cmd_chaos, "launch": _cmd_launch, "upgrade": _cmd_upgrade}
+             "chaos": _cmd_chaos, "launch": _cmd_launch, "upgrade": _cmd_upgrade, "status": _cmd_status}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from regent import Actor, RestartPolicy, Session, SupervisionError, endpoint
+from regent.controller.status import session_status
+from regent.journal import open_journal
 from regent.worker.errors import ActorExit
 from regent.worker.metrics import parse_address
 from tests.support.etcd import free_port
@@ -77,6 +79,13 @@ def test_calls_and_restarts_are_counted_with_their_endpoint_and_cause(own_home, 
         url = s.metrics_url
     with pytest.raises(OSError):  # the session's end stops its server
         urllib.request.urlopen(url, timeout=5)
+    # `regent status` reads the same story from the journal: the failures, their causes, the restarts.
+    with open_journal(f"sqlite://{tmp_path / 'j.db'}") as j:
+        st = session_status(j, "metrics-restarts")
+    assert [(m["name"], m["failures"], m["restarts"]) for m in st["meshes"]] == [("w", 2, 2)]
+    assert [(e["ev"], e.get("cause")) for e in st["events"]] == [
+        ("failure", "proc_died"), ("proc_replaced", None), ("restart", None), ("failure", "actor_failed"),
+        ("restart", None)]
 
 
 def test_a_session_without_an_address_serves_nothing(own_home, tmp_path: Path, monkeypatch) -> None:
