@@ -107,6 +107,10 @@ def _open(args: argparse.Namespace):
 def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
     from regent.controller.timeline import Filter, timeline
 
+    if args.journal_command == "replay":
+        from regent.cli.replay import run
+
+        return run(args, rest)
     j = _open(args)
     try:
         if args.journal_command == "ls":
@@ -141,20 +145,8 @@ def _cmd_journal(args: argparse.Namespace, rest: list[str]) -> int:
             return 1 if plan.refused is not None else 0
         if args.journal_command == "export":
             return _export(j, args)
-        if args.journal_command == "replay":
-            # Read everything first, then close the store: the replay itself touches no
-            # store, no worker and no socket.
-            records = list(_with_bar(j.read(args.session), j, args.session, "reading journal"))
-            checkpoint = j.read_checkpoint(args.session)
-            url = j.url
     finally:
         j.close()
-    if args.journal_command == "replay":
-        from regent.controller.audit import replay_program
-
-        report = replay_program(args.program, args.session, records, checkpoint, rest, url)
-        print(report.render(), file=sys.stderr)
-        return 0 if report.ok else 1
     return 2
 
 
@@ -276,13 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("perfetto", "jsonl"), default="perfetto")
     export.add_argument("-o", "--output", help="file to write (default: stdout)")
     replay = jsub.add_parser(
-        "replay", help="re-run a controller program against a session's journal with no workers (audit)",
+        "replay", help="re-run a controller program against a session's journal with no workers (audit); "
+                       "without SESSION, against every session of a store or of the journals in a directory",
         description="Re-run PROGRAM against the recorded journal of SESSION: every result comes from the "
                     "journal, no process is started and no socket opened. Exits 0 if the program makes the "
                     "recorded calls in order, 1 with the first divergence otherwise. Arguments for the program "
-                    "go after --, as it ran: regent journal replay S --program p.py -- --session S")
-    replay.add_argument("session")
-    replay.add_argument("--program", required=True, help="the controller program (a .py file)")
+                    "go after --, as it ran: regent journal replay S --program p.py -- --session S. Without "
+                    "SESSION (a CI check of a changed program): every session of --journal whose name starts "
+                    "with --prefix, or of every *.db journal under --journal DIR, one line each; {session} in "
+                    "the program's arguments stands for each session's name; exit 1 if any fails, 2 if none "
+                    "was found")
+    from regent.cli.replay import add_arguments as _replay_arguments
+
+    _replay_arguments(replay)
     for sp in (show, verify, compact, repair, export, replay):
         sp.add_argument("--journal", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p

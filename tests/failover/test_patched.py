@@ -91,6 +91,38 @@ def test_patched_in_async_tasks_replays_in_the_journals_order(tmp_path, monkeypa
     assert _audit("v2-async", session, journal, monkeypatch).ok
 
 
+def test_journal_replay_checks_a_program_against_every_session_of_a_directory_or_prefix(tmp_path) -> None:
+    # A CI check of a changed program: every recorded history, whichever version made it.
+    journals = tmp_path / "journals"
+    (journals / "b").mkdir(parents=True)
+    first, second = f"sqlite://{journals / 'a.db'}", f"sqlite://{journals / 'b' / 'b.db'}"
+    tag = uuid.uuid4().hex[:6]
+    _live("v1", f"v1-{tag}", first, tmp_path)
+    _live("v2", f"v2-{tag}", first, tmp_path)
+    _live("v1", f"v1-{tag}-b", second, tmp_path)
+    # The program learns its session from its arguments ({session}), as a user's would.
+    program = tmp_path / "check.py"
+    program.write_text(f"import os, runpy, sys\nos.environ['REGENT_TEST_SESSION'] = sys.argv[1]\n"
+                       f"runpy.run_path({str(PROGRAM)!r}, run_name='__main__')\n")
+
+    def replay(version: str, *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "REGENT_TEST_VERSION": version, "REGENT_TEST_STEPS": str(STEPS),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(PROGRAMS), os.environ.get("PYTHONPATH")]))}
+        return subprocess.run([sys.executable, "-m", "regent.cli", "journal", "--journal", str(journals), "replay",
+                               "--program", str(program), *args, "--", "{session}"],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    ok = replay("v2")
+    assert ok.returncode == 0 and "3 sessions replayed" in ok.stderr and "3 OK, 0 failed" in ok.stderr, ok.stderr
+    old = replay("v1")
+    assert old.returncode == 1 and "2 OK, 1 failed" in old.stderr, old.stderr
+    assert f"FAILED  v2-{tag} (sqlite://{journals / 'a.db'})" in old.stderr and "s.patched('extra')" in old.stderr
+    only = replay("v1", "--prefix", f"v1-{tag}")
+    assert only.returncode == 0 and "2 sessions replayed" in only.stderr, only.stderr
+    none = replay("v2", "--prefix", "nobody-")
+    assert none.returncode == 2 and "nothing was checked" in none.stderr, none.stderr
+
+
 def test_bad_change_ids_are_refused(tmp_path) -> None:
     from regent.controller import Session
 
