@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace, rest: list[str]) -> int:
     if not os.path.isfile(args.program):
         print(f"regent upgrade: no program at {args.program}", file=sys.stderr)
         return 2
+    started = time.monotonic()
     j = open_journal(args.journal)
     try:
         leader = j.backend.leader(args.session)
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace, rest: list[str]) -> int:
               file=sys.stderr)
         return 1
     print(f"regent upgrade: {args.program} replays the {report.calls} calls of session {args.session!r} "
-          f"({report.mode})", file=sys.stderr)
+          f"({report.mode}; checked in {time.monotonic() - started:.2f} s)", file=sys.stderr)
     if args.dry_run:
         print("regent upgrade: --dry-run: the upgrade would go through; nothing was changed", file=sys.stderr)
         return 0
