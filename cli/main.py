@@ -92,6 +92,12 @@ def _cmd_status(args: argparse.Namespace, rest: list[str]) -> int:
     return run(args)
 
 
+def _cmd_dashboard(args: argparse.Namespace, rest: list[str]) -> int:
+    from regent.cli.dashboard import run
+
+    return run(args)
+
+
 def _cmd_chaos(args: argparse.Namespace, rest: list[str]) -> int:
     from regent.chaos.cli import run
 
@@ -238,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     from regent.cli.status import add_parser as _status_parser
 
     _status_parser(sub)
+    from regent.cli.dashboard import add_parser as _dashboard_parser
+
+    _dashboard_parser(sub)
     jr = sub.add_parser("journal", help="inspect a session's journal")
     jr.add_argument("--journal", default=os.environ.get("REGENT_JOURNAL"),
                     help="etcd://host:port, etcds://host:port?ca=..&cert=..&key=.. (TLS; add &user=NAME "
@@ -287,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = {"host": _cmd_host, "hosts": _cmd_hosts, "keys": _cmd_keys, "demo": _cmd_demo, "run": _cmd_run, "journal": _cmd_journal,
-             "chaos": _cmd_chaos, "launch": _cmd_launch, "upgrade": _cmd_upgrade, "status": _cmd_status}
+             "chaos": _cmd_chaos, "launch": _cmd_launch, "upgrade": _cmd_upgrade, "status": _cmd_status,
+             "dashboard": _cmd_dashboard}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ EVENTS = ("failure", "restart", "escalation", "host_lost", "host_back", "host_re
           "shrunk", "grown", "proc_replaced")
 CALL_KINDS = frozenset({"call", "call_one", "choose", "stream", "broadcast", "send", "port"})
 RATE_WINDOW_S = 60.0
+TIMELINE_LIMIT = 500
 
 
 @dataclass
@@ -64,6 +65,8 @@ class _Run:
     call_times: list[float] = field(default_factory=list)
     calls: int = 0
     checkpoint_seq: int | None = None
+    checkpoints: list[dict] = field(default_factory=list)
+    ended_at: float | None = None
 
     def fold(self, rec: Any) -> None:
         d = rec.data if isinstance(rec.data, dict) else {}
@@ -81,8 +84,9 @@ class _Run:
             self._event(d, rec.ts)
         elif rec.kind == CHECKPOINT:
             self.checkpoint_seq = d.get("s") if isinstance(d.get("s"), int) else self.checkpoint_seq
+            self.checkpoints.append({"t": rec.ts, "seq": self.checkpoint_seq})
         elif rec.kind == END:
-            self.ended, self.error = True, d.get("error")
+            self.ended, self.error, self.ended_at = True, d.get("error"), rec.ts
 
     def _call(self, d: dict, ts: float) -> None:
         kind, name = d.get("k"), d.get("a")
@@ -120,10 +124,10 @@ class _Run:
 
 
 def session_status(journal: Any, session: str, *, now: float | None = None, window_s: float = 3600.0,
-                   records: Iterable | None = None) -> dict:
+                   records: Iterable | None = None, store: Any = None) -> dict:
     """Where `session` stands: a dict ready for JSON (see `render`). `records`: the session's
     journal records if already read (else they are read here); `window_s`: how far back
-    events are listed."""
+    events are listed; `store`: where the cluster hosts register, if not in the journal's store."""
     from regent.journal.hosts import registered_hosts
 
     now = time.time() if now is None else now
@@ -145,7 +149,7 @@ def session_status(journal: Any, session: str, *, now: float | None = None, wind
     hosts = []
     for cluster, picked in sorted(run.clusters.items()):
         try:
-            registered = {h.id: h for h in registered_hosts(journal.backend, cluster)}
+            registered = {h.id: h for h in registered_hosts((store or journal).backend, cluster)}
         except Exception:  # noqa: BLE001 - the store cannot list this cluster: say so, show the rest
             registered = {}
         for host_id in sorted(set(picked) | set(registered)):
@@ -176,10 +180,27 @@ def session_status(journal: Any, session: str, *, now: float | None = None, wind
         "procs_per_host": dict(sorted(per_host.items())),
         "hosts": hosts,
         "events": [e for e in run.events if isinstance(e.get("t"), (int, float)) and e["t"] >= now - window_s],
+        "timeline": _timeline(run, failovers),
         "calls": run.calls,
         "calls_per_s": round(len(recent) / RATE_WINDOW_S, 2),
         "problem": info.problem,
     }
+
+
+def _timeline(run: _Run, failovers: list[dict]) -> list[dict]:
+    """The run's story in time order, for the dashboard: its start and end, failovers,
+    supervision events and checkpoints (the latest TIMELINE_LIMIT)."""
+    items = [{"t": run.started, "what": "run started", "detail": run.run}] if run.started else []
+    items += [{"t": f["at"], "what": "failover", "detail": f"epoch {f['from_epoch']} -> {f['epoch']}"}
+              for f in failovers]
+    items += [{"t": e["t"], "what": e["ev"].replace("_", " "),
+               "detail": " ".join(f"{k}={str(v)[:120]}" for k, v in e.items() if k not in ("ev", "t"))}
+              for e in run.events if isinstance(e.get("t"), (int, float))]
+    items += [{"t": c["t"], "what": "checkpoint", "detail": f"seq {c['seq']}"} for c in run.checkpoints]
+    if run.ended_at is not None:
+        items.append({"t": run.ended_at, "what": "run ended", "detail": str(run.error or "")[:300]})
+    items.sort(key=lambda i: i["t"])
+    return items[-TIMELINE_LIMIT:]
 
 
 def _when(ts: float | None, now: float) -> str:

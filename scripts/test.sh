@@ -16,6 +16,7 @@ scripts/install_porcupine.sh
 scripts/install_netns_tools.sh
 scripts/install_slurm.sh
 scripts/install_sshd.sh
+scripts/install_chromium.sh
 export PATH="$PWD/.tools/bin:$PATH"
 scripts/lint.sh
 set +e
