@@ -195,3 +195,36 @@ def test_an_upgrade_of_a_session_nobody_leads_says_so(tmp_path) -> None:
                            "--journal", f"sqlite://{tmp_path / 'j.db'}"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "no controller leads session 'nobody'" in done.stderr, done.stderr
+
+
+def test_a_controller_steps_aside_for_the_program_a_session_is_handed_to_or_runs(tmp_path, monkeypatch) -> None:
+    # The decision alone, over a real store: what a controller about to resume a run reads.
+    from types import SimpleNamespace
+
+    from regent.controller import upgrade
+
+    mine, theirs = {"path": "/jobs/train_v1.py", "digest": "a" * 64}, {"path": "/jobs/train_v2.py", "digest": "b" * 64}
+    monkeypatch.setattr(upgrade, "THIS_PROGRAM", mine)
+    monkeypatch.delenv(upgrade.UPGRADE_ENV, raising=False)
+    with open_journal(f"sqlite://{tmp_path / 'j.db'}") as j:
+        backend = j.backend
+        never_upgraded = SimpleNamespace(program=None, epochs=[1])
+        assert upgrade.takeover_check(backend, "s", never_upgraded) == (None, False)
+        # The new program runs the session since an upgrade: its record.
+        refusal, _ = upgrade.takeover_check(backend, "s", SimpleNamespace(program=theirs, epochs=[1]))
+        assert refusal is not None and "runs another program since `regent upgrade`" in refusal
+        assert "/jobs/train_v2.py" in refusal and "/jobs/train_v1.py" in refusal
+        assert upgrade.takeover_check(backend, "s", SimpleNamespace(program=mine, epochs=[1])) == (None, False)
+        # In the instant of the hand-over the journal has no record yet; the request names the program.
+        monkeypatch.setattr(upgrade, "THIS_PROGRAM", theirs)
+        upgrade.request_handover(backend, "s", 1, "new-holder")
+        monkeypatch.setattr(upgrade, "THIS_PROGRAM", mine)
+        refusal, _ = upgrade.takeover_check(backend, "s", never_upgraded)
+        assert refusal is not None and "is being handed over to another program" in refusal and "new-holder" in refusal
+        # A standby of the program it is handed to may take over, and journals itself as the run's.
+        monkeypatch.setattr(upgrade, "THIS_PROGRAM", theirs)
+        assert upgrade.takeover_check(backend, "s", never_upgraded) == (None, True)
+        # The program `regent upgrade` started was checked by replaying: it takes over and says so.
+        monkeypatch.setattr(upgrade, "THIS_PROGRAM", mine)
+        monkeypatch.setenv(upgrade.UPGRADE_ENV, "s")
+        assert upgrade.takeover_check(backend, "s", never_upgraded) == (None, True)
