@@ -70,6 +70,8 @@ class _Running:
                 task.add_done_callback(partial(self._task_ended, slot, seq, point, o))
                 if run is _Run.CONCURRENT:
                     self.loop.call_soon(self._resume, slot)  # after the task's first step
+                else:
+                    slot.holder = task  # an await of its own actor's call could never end
                 return
             body = Body(partial(self._run_sync, slot, (seq, point, method, fn, payload, o, port, how, explicit)),
                         partial(self._after_body, slot))
@@ -138,6 +140,8 @@ class _Running:
     def _task_ended(self, slot: _Slot, seq: int, point: int, o: str, task: asyncio.Task) -> None:
         """An async call's task cancelled before its first step (its actor was stopped in the
         same batch): _run_async never ran, so its answer is given here."""
+        if slot.holder is task:
+            slot.holder = None
         if task.cancelled() and not self.stopping:
             self._async_running -= 1
             self._finish(seq, slot.name, point, "dead", o=o, em=f"{slot.ended or 'its actor ended'} before this call ran")

@@ -45,6 +45,7 @@ class _Slot:
     failed: str | None = None  # a child's failure it did not handle: it fails at its next message
     children: list = field(default_factory=list)  # ActorMeshRefs of the meshes it spawned: stopped with it
     body: Any = None  # its sync endpoint's run while that waits for a call (worker/_bodies.py)
+    holder: asyncio.Task | None = None  # the async call whose task holds the mailbox (not a concurrent one)
 
     def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
         """The bound method, how it runs, and whether it answers through an explicit port."""

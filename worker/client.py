@@ -250,6 +250,15 @@ class ActorClient:
                     "a time, so that call can only run after this endpoint returns. Call the method "
                     "directly, or make this endpoint an async @concurrent_endpoint that awaits the call")
 
+    def refuse_self_await(self, waits_on: Sequence[asyncio.Future]) -> None:
+        """An async endpoint awaiting a call to its own actor, from the task that holds the actor's
+        mailbox, could never be answered: DeadlockError at once. A concurrent endpoint's await, or
+        a task the endpoint started, waits for no message of its actor, so it may."""
+        me = _current.get()
+        slot = self.rt.actors.get(me.mesh) if me is not None else None
+        if slot is not None and slot.holder is not None and slot.holder is current_task(self.rt.loop):
+            self._refuse_self_wait(waits_on)
+
     def pump(self, done: Callable[[], bool], timeout: float | None, waits_on: Sequence[asyncio.Future] = ()) -> bool:
         """Wait until `done()` (True) or `timeout` (False) for the answers `waits_on`: how an
         actor waits for a call it made without awaiting it. A sync endpoint gives the thread back

@@ -55,6 +55,12 @@ def _site(what: str) -> tuple[ActorClient, CallSite]:
     return client, site
 
 
+def _refuse_self_await(futures: list[asyncio.Future]) -> None:
+    client = serving_client.get() or _client
+    if client is not None:
+        client.refuse_self_await(futures)
+
+
 def _decode(meta: dict, payload: list, actor: str, method: str) -> Any:
     """An answer as the caller sees it: the value, or the error it raises."""
     st = meta["st"]
@@ -93,6 +99,7 @@ class RemoteFuture:
 
     def __await__(self):
         if not self.done():
+            _refuse_self_await(self._futures)
             yield from asyncio.gather(*self._futures).__await__()
         return self._value()
 
@@ -128,6 +135,7 @@ class RemoteStream:
             raise StopAsyncIteration
         pos = self._ready()
         if pos is None:
+            _refuse_self_await(list(self._left.values()))
             await asyncio.wait(list(self._left.values()), return_when=asyncio.FIRST_COMPLETED)
             pos = self._ready()
         return self._take(pos)

@@ -98,6 +98,34 @@ class Selfish(Actor):
         return self.me.slice(procs=current_rank().rank).answer.call_one().get(timeout=30)
 
     @endpoint
+    async def await_myself(self) -> int:
+        return await self.me.slice(procs=current_rank().rank).answer.call_one()
+
+    @endpoint
+    async def stream_myself(self) -> list[int]:
+        return [v async for _, v in self.me.answer.stream()]
+
+    @concurrent_endpoint
+    async def await_myself_concurrently(self) -> int:
+        """Not a deadlock: a concurrent endpoint lets the actor's next message in while it awaits."""
+        return await self.me.slice(procs=current_rank().rank).answer.call_one()
+
+    @endpoint
+    async def ask_myself_from_a_task(self) -> None:
+        """A task of its own, which waits after this endpoint returned: no deadlock."""
+        me = self.me.slice(procs=current_rank().rank)
+
+        async def ask() -> None:
+            self.got = await me.answer.call_one()
+
+        self.got: int | None = None
+        self.task = asyncio.get_running_loop().create_task(ask())
+
+    @endpoint
+    def got_from_task(self) -> int | None:
+        return self.got
+
+    @endpoint
     def answer(self) -> int:
         return 42
 
@@ -194,6 +222,18 @@ def test_an_actor_waiting_on_itself_fails_at_once_naming_both_ends(procs):
     assert e.value.exc_type == "DeadlockError"
     assert "selfish" in e.value.message and "answer" in e.value.message
     assert s.slice(procs=1).answer.call_one().get(timeout=30) == 42  # it serves on
+    for waits in ("await_myself", "stream_myself"):  # an async endpoint awaiting itself: the same
+        with pytest.raises(ActorError) as e:
+            getattr(s.slice(procs=0), waits).call_one().get(timeout=10)
+        assert e.value.exc_type == "DeadlockError", e.value
+        assert "selfish{" in e.value.message and "selfish[0].answer" in e.value.message
+    assert s.slice(procs=0).await_myself_concurrently.call_one().get(timeout=30) == 42
+    s.slice(procs=0).ask_myself_from_a_task.call_one().get(timeout=30)
+    deadline = time.monotonic() + 30
+    while (got := s.slice(procs=0).got_from_task.call_one().get(timeout=30)) is None:
+        assert time.monotonic() < deadline, "the task's call to its own actor never ran"
+        time.sleep(0.05)
+    assert got == 42
 
 
 @pytest.mark.timeout(120)
