@@ -42,6 +42,7 @@ PAGE = """<!doctype html>
       <dl>
         <dt>state</dt><dd id="state"></dd>
         <dt>leader</dt><dd id="leader"></dd>
+        <dt>standbys</dt><dd id="standbys"></dd>
         <dt>epoch</dt><dd id="epoch"></dd>
         <dt>failovers</dt><dd id="failovers"></dd>
         <dt>calls</dt><dd id="calls"></dd>
@@ -135,6 +136,8 @@ async function detail(name) {
   state.textContent = st.state + (st.problem ? " (" + st.problem + ")" : "");
   state.className = stateClass(st.state);
   document.getElementById("leader").textContent = st.leader ? st.leader.holder : "none";
+  document.getElementById("standbys").textContent = st.standbys.length ? st.standbys.map(w =>
+      w.holder + " (" + w.lag_records + " records to replay)").join(", ") : "none";
   document.getElementById("epoch").textContent = st.leader ? st.leader.epoch : (st.epochs.slice(-1)[0] ?? "-");
   document.getElementById("failovers").textContent = st.failovers +
       (st.last_failover ? ", the last " + ago(st.last_failover.at, st.now) + " (epoch " +

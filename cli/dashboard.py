@@ -79,6 +79,7 @@ class _Reader:
 
     def status(self, session: str) -> dict | None:
         from regent.controller.status import session_status
+        from regent.journal.standbys import standbys
 
         with self._lock:
             try:
@@ -86,7 +87,8 @@ class _Reader:
                 if session not in j.backend.session_names():
                     return None
                 info = j.session_info(session)
-                key = (info.last_lsn, info.leader, info.epoch, int(time.time() // 10))
+                waiting = tuple(w["holder"] for w in standbys(j.backend, session))
+                key = (info.last_lsn, info.leader, info.epoch, waiting, int(time.time() // 10))
                 cached = self._cache.get(session)
                 if cached is None or cached[0] != key:
                     st = session_status(j, session, window_s=float("inf"), store=self._store)

@@ -43,6 +43,7 @@ from regent.controller.upgrade import (
     upgrading,
 )
 from regent.journal import GroupCommitWriter, open_journal
+from regent.journal.standbys import StandbyPresence
 from regent.wire.security import secure_requested
 from regent.worker.dedupe import LARGE_RESULT_BYTES
 from regent.worker.discovery import ensure_local_host
@@ -167,9 +168,14 @@ class LiveEdge:
         self.upgrade_asked: tuple[float, int] | None = None  # (when, the epoch asked to hand over)
         # Where workers and standbys reach this controller: its inbox and its liveness beacon.
         self.address = controller_address(self.journal_url, secure_requested())
-        self.lead = self.journal.campaign(name, self.holder, ttl_s=ttl, timeout=campaign_timeout,
-                                          on_waiting=self._on_waiting,
-                                          beacon_host=None if self.address == "127.0.0.1" else self.address)
+        self._presence: StandbyPresence | None = None  # while standing by: its record in the store
+        try:
+            self.lead = self.journal.campaign(name, self.holder, ttl_s=ttl, timeout=campaign_timeout,
+                                              on_waiting=self._on_waiting,
+                                              beacon_host=None if self.address == "127.0.0.1" else self.address)
+        finally:
+            if self._presence is not None:
+                self._presence.stop()
         self.takeover_at = time.monotonic()
         self.epoch = self.lead.epoch
         try:
@@ -216,6 +222,9 @@ class LiveEdge:
         log.info("standing by: another controller leads this session", session=self.name)
         if self.metrics is not None:
             self.metrics.standing_by(self.journal)
+        if self.journal_url != "off":  # listed by `regent status` and the dashboard while it waits
+            self._presence = StandbyPresence(self.journal.backend, self.name, self.holder,
+                                             {"metrics": None if self.metrics is None else self.metrics.url})
         if upgrading(self.name):  # `regent upgrade`: this program asks the primary to hand over
             leader = self.journal.backend.leader(self.name)
             if leader is not None:

@@ -129,6 +129,7 @@ def session_status(journal: Any, session: str, *, now: float | None = None, wind
     journal records if already read (else they are read here); `window_s`: how far back
     events are listed; `store`: where the cluster hosts register, if not in the journal's store."""
     from regent.journal.hosts import registered_hosts
+    from regent.journal.standbys import standbys
 
     now = time.time() if now is None else now
     info = journal.session_info(session)
@@ -158,6 +159,12 @@ def session_status(journal: Any, session: str, *, now: float | None = None, wind
                           "state": "registered" if h else "not registered",
                           "backend": h.backend if h else None, "devices": list(h.devices) if h else [],
                           "address": h.address if h else None, "hostname": h.hostname if h else None})
+    try:
+        waiting = standbys(journal.backend, session)
+    except Exception:  # noqa: BLE001 - the store cannot list them this time: none shown
+        waiting = []
+    for w in waiting:  # a standby replays the whole journal when it takes over: that is its lag
+        w["lag_records"] = 0 if info.last_lsn is None else info.last_lsn + 1
     per_host: dict[str, int] = {}
     for host in run.procs.values():
         per_host[host] = per_host.get(host, 0) + 1
@@ -166,6 +173,7 @@ def session_status(journal: Any, session: str, *, now: float | None = None, wind
         "store": journal.url,
         "state": state,
         "leader": None if info.leader is None else {"holder": info.leader, "epoch": info.epoch},
+        "standbys": waiting,
         "run": run.run,
         "started": run.started,
         "records": info.records,
@@ -229,6 +237,8 @@ def render(st: dict, now: float | None = None) -> str:
     lead = st["leader"]
     lines = [f"session {st['session']!r} in {st['store']}: {st['state']}",
              f"  leader      {lead['holder']} at epoch {lead['epoch']}" if lead else "  leader      none",
+             *[f"  standby     {w['holder']}, waiting since {_when(w['since'], now)}, "
+               f"{w['lag_records']} records to replay" for w in st["standbys"]],
              f"  run         {st['run'] or '-'}, started {_when(st['started'], now)}",
              f"  journal     {st['records']} records, last written {_when(st['last_write'], now)}"
              + (f", checkpoint at seq {st['checkpoint_seq']}" if st["checkpoint_seq"] is not None else ""),

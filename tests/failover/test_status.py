@@ -40,6 +40,8 @@ def test_status_follows_a_session_through_a_failover_to_its_end(tmp_path, journa
         live = _json(c)
         assert live["state"] == "running" and live["leader"]["holder"].split(":")[1] == str(primary)
         epoch = live["leader"]["epoch"]
+        assert [w["holder"].split(":")[1] for w in live["standbys"]] == [str(standby.pid)]
+        assert live["standbys"][0]["lag_records"] > 0
         assert live["failovers"] == 0 and live["epochs"] == [epoch]
         assert [(m["name"], m["members"], m["state"]) for m in live["meshes"]] == [("w", 3, "running")]
         assert list(live["procs_per_host"].values()) == [3]
@@ -54,6 +56,7 @@ def test_status_follows_a_session_through_a_failover_to_its_end(tmp_path, journa
         after = _json(c)
         assert after["state"] == "running" and after["leader"]["epoch"] > epoch
         assert after["failovers"] == 1 and after["last_failover"]["from_epoch"] == epoch
+        assert after["standbys"] == []  # the standby leads now: its record went
         hold.unlink()
         check_exactly_once(c.finish(standby), STEPS)
         ended = _json(c)

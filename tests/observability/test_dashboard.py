@@ -75,10 +75,12 @@ def test_the_page_shows_the_leader_change_after_the_primarys_sigkill(tmp_path) -
             page.click(f"tr[data-session='{c.session}']")  # from the list of the journal's sessions
             expect(page.locator("#state")).to_have_text("running")
             expect(page.locator("#leader")).to_contain_text(f":{primary}:")
+            expect(page.locator("#standbys")).to_contain_text(f":{standby.pid}:")
             expect(page.locator("#meshes")).to_contain_text("w")
             os.kill(primary, signal.SIGKILL)
             c.by_pid(primary).wait()
             expect(page.locator("#leader")).to_contain_text(f":{standby.pid}:")
+            expect(page.locator("#standbys")).to_have_text("none")
             expect(page.locator("#failovers")).to_contain_text("1, the last")
             expect(page.locator("#timeline li.failover")).to_have_count(1)
             assert page.locator("#error").is_hidden()
