@@ -249,9 +249,12 @@ class Lifecycle:
     def _lost(self, name: str) -> bool:
         """Whether the mesh `name` is gone: every member failed (or was stopped), or every proc it
         lived on died; its name may then be spawned again, as Monarch allows. A supervised mesh
-        is not: its policy brings it back. Replaying, the journal's spawn is the leader's decision."""
+        is not: its policy brings it back. Replaying, the leader's decision stands: a spawn of the
+        name journaled next, or (none) a refusal, which its program may have caught."""
         if self.s.replaying:
-            return True
+            jc = self.s._engine.next_journaled()
+            if jc is not None:
+                return jc.kind == "spawn" and jc.actor == name
         state = self.s._supervisor.meshes.get(name)
         if state is not None and state.supervisor is not None:
             return False
