@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from regent.hipcore import _copy, _shm
+from regent.hipcore import _copy, _shm, stats
 from regent.hipcore._rdma_cuda_ipc import CudaIpcTransport
 from regent.hipcore._rdma_registry import Entry, RDMAHandle, Region, registry
 from regent.hipcore._rdma_shm import ShmTransport, check_live, dropped
@@ -305,6 +305,7 @@ class RDMABuffer:
                     _copy.copy_bytes(user, window)
                 else:
                     _copy.copy_bytes(window, user)
+                stats.count(read, n)
 
             return _run_inline(local) if inline and self._handle.device == "cpu" else _submit(local)
         try:
@@ -313,10 +314,15 @@ class RDMABuffer:
             future = RDMAFuture()
             future.set_exception(exc)
             return future
-        op = chosen.read_into if read else chosen.write_from
+        transfer = chosen.read_into if read else chosen.write_from
+
+        def op() -> None:
+            transfer(self._handle, info, user, offset, timeout)
+            stats.count(read, n)
+
         if inline and getattr(chosen, "copies_locally", False):
-            return _run_inline(lambda: op(self._handle, info, user, offset, timeout))
-        return _submit(lambda: op(self._handle, info, user, offset, timeout))
+            return _run_inline(op)
+        return _submit(op)
 
     def drop(self, timeout: float | None = None) -> None:
         """Release the buffer everywhere: later reads and writes through any handle fail with

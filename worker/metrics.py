@@ -26,6 +26,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from regent.hipcore.stats import read_counts
+
 log = structlog.get_logger("regent.metrics")
 
 METRICS_ENV = "REGENT_METRICS_ADDR"
@@ -148,6 +150,20 @@ class AgentCollector(Collector):
                 cpu.add_metric([session, str(index)], secs)
         yield rss
         yield cpu
+        moved = read_counts({pid for _, _, pid in procs if pid is not None})
+        rdma = CounterMetricFamily("regent_rdma_bytes", "Bytes each proc moved through RDMA buffers, by "
+                                   "direction (read: into the proc; write: out of it)",
+                                   labels=["session", "index", "op"])
+        transfers = CounterMetricFamily("regent_rdma_transfers", "RDMA reads and writes each proc made",
+                                        labels=["session", "index", "op"])
+        for session, index, pid in procs:
+            if pid in moved:
+                rb, wb, rn, wn = moved[pid]
+                for op, nbytes, n in (("read", rb, rn), ("write", wb, wn)):
+                    rdma.add_metric([session, str(index), op], nbytes)
+                    transfers.add_metric([session, str(index), op], n)
+        yield rdma
+        yield transfers
         info = self._info()
         host = GaugeMetricFamily("regent_host_info", "This host agent: its id, backend (cuda, hip, cpu or "
                                  "hollow) and machine; always 1",

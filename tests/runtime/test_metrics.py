@@ -26,6 +26,18 @@ class Worker(Actor):
         return os.getpid()
 
     @endpoint
+    def move(self, nbytes: int) -> None:
+        """Reads and writes `nbytes` through an RDMA buffer of its own proc."""
+        import numpy as np
+
+        from regent.hipcore import RDMABuffer
+
+        buf = RDMABuffer(np.zeros(nbytes, dtype=np.uint8))
+        out = np.empty(nbytes, dtype=np.uint8)
+        buf.read_into(out).get()
+        buf.write_from(out).get()
+
+    @endpoint
     def die(self) -> None:
         os._exit(3)  # the proc dies
 
@@ -115,13 +127,18 @@ def test_a_host_agent_reports_its_procs_their_memory_and_its_backend(own_home, t
         with Session("metrics-agent", journal=url) as s:
             w = s.host_mesh(hosts=1, cluster=CLUSTER).spawn_procs(per_host={"procs": 3}).spawn("w", Worker)
             pids = w.pid.call().get(timeout=30).values()
+            w.slice(procs=1).move.call_one(3 << 20).get(timeout=30)
             m = scrape(agent_url)
             assert value(m, "regent_agent_procs", session="metrics-agent") == 3
             rss = {dict(ls)["index"]: v for (name, ls), v in m.items()
                    if name == "regent_proc_resident_memory_bytes" and dict(ls)["session"] == "metrics-agent"}
             assert len(rss) == 3 and all(v > 1 << 20 for v in rss.values()), rss
+            rss_index = sorted(int(i) for i in rss)  # the agent's index of each rank's proc, in spawn order
             assert len([k for k in m if k[0] == "regent_proc_cpu_seconds_total"]) == 3
             assert value(m, "regent_host_info", host="a", backend="cpu", hostname=os.uname().nodename) == 1
+            moved = {(dict(ls)["index"], dict(ls)["op"]): v for (name, ls), v in m.items()
+                     if name == "regent_rdma_bytes_total"}
+            assert list(moved.values()) == [3 << 20, 3 << 20] and {i for i, _ in moved} == {str(rss_index[1])}, moved
             assert not {str(p) for p in pids} & {v for _, ls in m for _, v in ls}
         m = scrape(agent_url)  # the session's end stopped its procs there
         assert value(m, "regent_agent_procs", session="metrics-agent") == 0
