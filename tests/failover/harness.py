@@ -61,6 +61,17 @@ class Cluster:
         self.procs.append(p)
         return p
 
+    def primary_and_standby(self, step: int = 3, primary_env: dict | None = None,
+                            standby_env: dict | None = None) -> tuple[int, subprocess.Popen]:
+        """A primary that ran `step` live (held there while REGENT_TEST_HOLD_FILE exists, if the
+        program is given one) and a standby standing by: the primary's pid, the standby."""
+        self.start(**(primary_env or {}))
+        primary = self.wait_leader(1)
+        self.wait_step(primary, step)
+        standby = self.start(**(standby_env or {}))
+        self.wait_standby()
+        return primary, standby
+
     def leaders(self) -> list[int]:
         try:
             return [int(x) for x in self.leader_file.read_text().split()]

@@ -37,11 +37,8 @@ def test_a_takeover_is_counted_once_by_the_new_leader(tmp_path, journal_url) -> 
                 extra_env={"REGENT_TEST_HOLD_FILE": str(hold)})
     p1, p2 = free_port(), free_port()
     try:
-        c.start(REGENT_METRICS_ADDR=f"127.0.0.1:{p1}")
-        primary = c.wait_leader(1)
-        c.wait_step(primary, 3)
-        standby = c.start(REGENT_METRICS_ADDR=f"127.0.0.1:{p2}")
-        c.wait_standby()
+        primary, standby = c.primary_and_standby(primary_env={"REGENT_METRICS_ADDR": f"127.0.0.1:{p1}"},
+                                                 standby_env={"REGENT_METRICS_ADDR": f"127.0.0.1:{p2}"})
         first, waiting = _scrape(p1), _scrape(p2)
         epoch = value(first, "regent_leader_epoch")
         assert value(first, "regent_leader") == 1 and epoch >= 1

@@ -32,11 +32,7 @@ def test_status_follows_a_session_through_a_failover_to_its_end(tmp_path, journa
     c = Cluster(f"st-{uuid.uuid4().hex[:6]}", journal_url, tmp_path, steps=STEPS,
                 extra_env={"REGENT_TEST_HOLD_FILE": str(hold)})
     try:
-        c.start()
-        primary = c.wait_leader(1)
-        c.wait_step(primary, 3)
-        standby = c.start()
-        c.wait_standby()
+        primary, standby = c.primary_and_standby()
         live = _json(c)
         assert live["state"] == "running" and live["leader"]["holder"].split(":")[1] == str(primary)
         epoch = live["leader"]["epoch"]

@@ -65,11 +65,7 @@ def test_the_page_shows_the_leader_change_after_the_primarys_sigkill(tmp_path) -
     c = Cluster(f"dash-{uuid.uuid4().hex[:6]}", f"sqlite://{tmp_path / 'journal.db'}", tmp_path, steps=STEPS,
                 extra_env={"REGENT_TEST_HOLD_FILE": str(hold)})
     try:
-        c.start()
-        primary = c.wait_leader(1)
-        c.wait_step(primary, 3)
-        standby = c.start()
-        c.wait_standby()
+        primary, standby = c.primary_and_standby()
         with dashboard(c.journal) as url, browser() as page:
             page.goto(url)
             page.click(f"tr[data-session='{c.session}']")  # from the list of the journal's sessions
