@@ -12,7 +12,7 @@ import structlog
 
 from regent.worker._bodies import Body, Waiters, _Gone, current_body
 from regent.worker._bodies import start as start_body
-from regent.worker._slot import _cleanup_args, _Slot
+from regent.worker._slot import _cleanup_args, _Slot, end_tasks
 from regent.worker.actor import CallSite, _calling, _current
 from regent.worker.errors import ActorExit
 
@@ -54,6 +54,7 @@ class _Ending:
         if slot.body is not None and slot.body is not current_body():  # a sync endpoint waiting for a call
             self.waiters.cancel(slot.body, _Gone())
             slot.body = None
+        end_tasks(slot.ctx, slot.started)
         me = asyncio.current_task(self.loop)
         running = [t for t in slot.tasks if t is not me and not t.done()]
         for t in running:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from regent import wire
 from regent.worker.actor import (
     ActorContext,
+    _current,
     is_async_endpoint,
     is_concurrent_endpoint,
     takes_response_port,
@@ -46,6 +48,7 @@ class _Slot:
     children: list = field(default_factory=list)  # ActorMeshRefs of the meshes it spawned: stopped with it
     body: Any = None  # its sync endpoint's run while that waits for a call (worker/_bodies.py)
     holder: asyncio.Task | None = None  # the async call whose task holds the mailbox (not a concurrent one)
+    started: set[asyncio.Task] = field(default_factory=set)  # tasks its own code started (tasks_of)
 
     def endpoint(self, method: str) -> tuple[Any, _Run, bool]:
         """The bound method, how it runs, and whether it answers through an explicit port."""
@@ -58,6 +61,44 @@ class _Slot:
                 run = _Run.CONCURRENT if is_concurrent_endpoint(fn) else _Run.TASK
             found = self.bound[method] = (fn, run, takes_response_port(fn))
         return found
+
+
+_RUNTIME = os.path.dirname(os.path.abspath(__file__))
+_started: dict[int, set[asyncio.Task]] = {}  # id(an actor's context) -> its tasks, while the actor lives
+
+
+def own_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Make a task that an actor's code starts (`create_task` in __init__, an endpoint, a task of
+    its own) that actor's, so that it is cancelled when the actor ends rather than outliving it.
+    The runtime's own tasks (worker/) are not an actor's."""
+    if loop.get_task_factory() is None:  # a hollow host's procs share one loop and one factory
+        loop.set_task_factory(_task_of_actor)
+
+
+def _task_of_actor(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
+    task = asyncio.Task(coro, loop=loop, **kwargs)
+    ctx = _current.get()
+    started = _started.get(id(ctx)) if ctx is not None else None
+    code = getattr(coro, "cr_code", None)
+    if started is not None and (code is None or not code.co_filename.startswith(_RUNTIME)):
+        started.add(task)
+        task.add_done_callback(started.discard)
+    return task
+
+
+def tasks_of(ctx: ActorContext) -> set[asyncio.Task]:
+    """The set an actor's started tasks go into, from before its __init__ runs."""
+    started = _started[id(ctx)] = set()
+    return started
+
+
+def end_tasks(ctx: ActorContext, started: set[asyncio.Task]) -> None:
+    """The actor ended: cancel the tasks its code started (not the one running now)."""
+    _started.pop(id(ctx), None)
+    me = asyncio.current_task() if asyncio._get_running_loop() is not None else None
+    for task in list(started):
+        if task is not me:
+            task.cancel()
 
 
 def _how(meta: dict) -> str:

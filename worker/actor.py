@@ -160,8 +160,8 @@ class Actor:
 
     Optional hook: `__cleanup__(self, exc)` (or `async def`, awaited) runs once when the actor
     ends: exc is None when it was stopped or exited normally, else the exception that failed
-    it. Its calls still running are cancelled first. A `__cleanup__(self)` without `exc` is
-    called without it.
+    it. Its calls still running, and the tasks its code started, are cancelled first. A
+    `__cleanup__(self)` without `exc` is called without it.
     """
 
     @property

@@ -53,7 +53,7 @@ from regent.worker._proc_ending import CLOSE_S, _Ending
 from regent.worker._proc_out import _Outbound
 from regent.worker._proc_owners import SUPERVISE_ACTOR, _Owners
 from regent.worker._proc_run import _Running
-from regent.worker._slot import _how, _Slot
+from regent.worker._slot import _how, _Slot, end_tasks, own_tasks, tasks_of
 from regent.worker.actor import (
     ActorContext,
     CallSite,
@@ -123,6 +123,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
         self._closing: set[asyncio.Future] = set()  # actors' ends still cancelling calls or in __cleanup__
         self._max_message = max_message_bytes()  # what a controller accepts, as far as we know
         self.loop = loop or asyncio.new_event_loop()
+        own_tasks(self.loop)
         self.waiters = Waiters(self.loop)  # sync endpoints waiting for a call (worker/_bodies.py)
         self._deferred: list[_Slot] | None = None  # actors a batch queued calls for (_proc_run)
         self.output: OutputForwarder | None = None
@@ -371,6 +372,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
         sizes = dict(meta.get("sz") or {})
         ctx = ActorContext(mesh=actor, rank=point, point=Point(point, dict(meta.get("co") or {}), sizes),
                            proc_index=self.index, incarnation=incarnation, sizes=sizes)
+        started = tasks_of(ctx)  # what __init__ starts is the actor's
 
         def run() -> _Slot | None:
             token = _current.set(ctx)
@@ -380,13 +382,15 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
                 cls = load_class(ref)
                 instance = cls(*args, **kwargs)
             except Exception as e:
+                end_tasks(ctx, started)
                 failed(e)
                 self._stop_meshes(f"{actor}[{point}]@{incarnation}/stop", self._born_with.pop(actor, []))
                 return None
             finally:
                 _calling.reset(calling)
                 _current.reset(token)
-            return _Slot(actor, instance, endpoint_names(cls), ctx, children=self._born_with.pop(actor, []))
+            return _Slot(actor, instance, endpoint_names(cls), ctx, children=self._born_with.pop(actor, []),
+                         started=started)
 
         def then(body: Body) -> None:
             if body.result is not None and not self.stopping:

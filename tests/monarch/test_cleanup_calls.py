@@ -304,3 +304,37 @@ def test_a_call_to_an_actor_stopped_by_an_actor_or_by_its_owner_ending_names_tha
         time.sleep(0.1)
     assert "owned_printer was stopped by its owner printer_owner[0] ending" in said, said
     procs.stop()
+
+
+class Ticker(Actor):
+    """Work that goes on forever, started by __init__ as a task: it ends with the actor."""
+
+    def __init__(self, counter: ActorMeshRef) -> None:
+        import asyncio
+
+        async def tick() -> None:
+            while True:
+                await counter.incr.call_one()
+                await asyncio.sleep(0.02)
+
+        asyncio.get_event_loop().create_task(tick())
+
+    @endpoint
+    def check(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_a_task_an_actor_started_is_cancelled_when_the_actor_is_stopped(session):
+    procs = session.spawn_procs(per_host={"procs": 1})
+    counter = procs.spawn("tick_counter", Counter, 0)
+    ticker = procs.spawn("ticker", Ticker, counter)
+    deadline = time.monotonic() + 30
+    while counter.value.call_one().get(timeout=30) < 3:
+        assert time.monotonic() < deadline, "the task never ticked"
+        time.sleep(0.05)
+    ticker.stop()
+    stopped_at = counter.value.call_one().get(timeout=30)
+    time.sleep(0.5)
+    assert counter.value.call_one().get(timeout=30) <= stopped_at + 1  # a tick in flight at the stop
+    procs.stop()
