@@ -391,12 +391,15 @@ class Outbox:
         return p
 
     def _evict_locked(self) -> None:
-        for address, p in self._peers.items():
-            if not p._queued:
-                del self._peers[address]
-                p.close()
-                log.debug("closed the least recently used peer", peer=address, kept=self.max_peers)
-                return
+        """Close the least recently used peer with nothing queued, else the least recently used
+        one: when one drain of the inbox names more new peers than `max_peers`, every peer holds
+        a reply not yet flushed, and the cap must hold all the same (what it held is dropped, as
+        for any peer closed; a controller sends an unanswered call again)."""
+        if not self._peers:
+            return
+        address = next((a for a, p in self._peers.items() if not p._queued), next(iter(self._peers)))
+        self._peers.pop(address).close()
+        log.debug("closed the least recently used peer", peer=address, kept=self.max_peers)
 
     def addresses(self) -> list[str]:
         """The addresses of the peers held now."""

@@ -41,3 +41,22 @@ def test_a_default_context_keeps_zmqs_limit() -> None:
     finally:
         ctx.destroy(linger=0)
         plain.destroy(linger=0)
+
+
+def test_a_capped_outbox_stays_capped_when_every_peer_holds_an_unflushed_message(own_home) -> None:
+    # Found in a fresh-clone run: an agent draining a burst of pings, each naming a new reply
+    # address, queued a reply to every new peer before flushing any, so none could be closed to
+    # make room and it held 500 peers past its cap of 256.
+    own_home()
+    init_keys()
+    ctx = context()
+    out = Outbox(ctx, load_credentials(), max_peers=4)
+    try:
+        for i in range(10):
+            out.peer(f"tcp://127.0.0.1:{20000 + i}").queue([b"reply"])
+            assert len(out.addresses()) <= 4
+        assert out.addresses() == [f"tcp://127.0.0.1:{20000 + i}" for i in range(6, 10)]  # the most recent
+        assert len(out.dirty) <= 4  # what was queued for a closed peer went with it
+    finally:
+        out.close()
+        ctx.destroy(linger=0)
