@@ -50,7 +50,8 @@ PAGE = """<!doctype html>
         <dt>trace</dt><dd><a id="trace" href="#">Perfetto trace (JSON)</a>, open it at ui.perfetto.dev</dd>
       </dl>
       <h3>meshes</h3>
-      <table><thead><tr><th>mesh</th><th>members</th><th>state</th><th>failures</th><th>restarts</th></tr></thead>
+      <table><thead><tr><th>mesh</th><th>members</th><th>state</th><th>failures</th><th>restarts</th>
+        <th>procs per host</th></tr></thead>
         <tbody id="meshes"></tbody></table>
       <h3>procs per host agent</h3>
       <table><tbody id="procs"></tbody></table>
@@ -148,7 +149,8 @@ async function detail(name) {
   const trace = document.getElementById("trace");
   trace.href = "/api/sessions/" + encodeURIComponent(name) + "/trace" + (token ? "?token=" + encodeURIComponent(token) : "");
   fill("meshes", st.meshes.map(m => {
-    const tr = row([m.name, m.members, m.state, m.failures, m.restarts]);
+    const tr = row([m.name, m.members, m.state, m.failures, m.restarts,
+                    Object.entries(m.hosts).map(([h, n]) => h + ": " + n).join(", ") || "-"]);
     tr.children[2].className = m.state;
     return tr;
   }));

@@ -223,6 +223,9 @@ class _NoSupervisor:
     def failed(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def note(self, ev: str, **data: Any) -> None:
+        """An audit journals no event."""
+
     def close(self) -> None:
         pass
 

@@ -11,6 +11,7 @@ from regent.controller.replay import (
     CALL,
     END,
     PATCH,
+    PLACED,
     PROGRAM,
     RESULT,
     START,
@@ -119,7 +120,7 @@ def export_perfetto(records: Iterable, session: str = "") -> dict:
                 pid, tid = track("controller tasks", call["task"])
                 _span(events, track_end, pid, tid, {**call, "m": f"{call['a']}.{call['m']}"}, d["s"],
                       us(call["ts"]), us(rec.ts), "complete", None)
-        elif rec.kind == SUPERVISION:
+        elif rec.kind == SUPERVISION and d.get("ev") != PLACED:  # (where members are: not an event)
             where = f"{d.get('mesh')}[{d.get('rank')}]" if d.get("mesh") is not None else None
             pid, tid = track(d["mesh"], where) if where else markers
             events.append({"ph": "i", "s": "t" if where else "g", "name": f"supervision: {d.get('ev')}",

@@ -15,7 +15,7 @@ from regent import wire
 from regent.controller.edge import sys_path
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View, host_of
 from regent.controller.refs import ProcRef
-from regent.controller.replay import CALL, PROCS
+from regent.controller.replay import CALL, PLACED, PROCS
 from regent.controller.supervisor import MeshState, policy_of
 from regent.journal.hosts import check_name, literal_address
 from regent.wire import Kind
@@ -178,6 +178,9 @@ class Lifecycle:
         self._placed[name] = list(procs)
         mesh_sup = MeshSupervisor(name, len(procs), policy) if policy else None
         replay = s._engine.replay
+        if replay is None or spawn.seq > replay.max_seq:
+            # A live spawn: where its members live, for `regent status` (a replay notes nothing again).
+            s._supervisor.note(PLACED, mesh=name, spawn=spawn.seq, procs=[p.id for p in procs])
         escalation = None
         if mesh_sup is not None and replay is not None:
             # Incarnations go on from where the previous leaders' restarts left them.

@@ -28,6 +28,7 @@ RESULTS = "results"  # {b: [frames]}: a batch of replies as a worker sent it; it
 OBS = "obs"  # {s, w, i, v}: a choose pick, a stream position, a timeout
 PROCS = "procs"  # {s, procs: [...]}: what spawn_procs got
 SUPERVISION = "sup"  # {ev, ...}
+PLACED = "placed"  # a SUPERVISION record's ev, no event: where a live spawn's members are {mesh, spawn, procs}
 CHECKPOINT = "ckpt"  # {s}
 END = "session_end"  # {error?}
 PROGRAM = "program"  # {path, digest, by, ts}: `regent upgrade`'s program leads the run from here

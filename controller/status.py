@@ -16,7 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regent.controller.replay import CALL, CHECKPOINT, END, PROCS, START, SUPERVISION, expand
+from regent.controller.replay import (
+    CALL,
+    CHECKPOINT,
+    END,
+    PLACED,
+    PROCS,
+    START,
+    SUPERVISION,
+    expand,
+)
 
 # Supervision events a person reads in `status` (the rest are bookkeeping: group re-forms...).
 EVENTS = ("failure", "restart", "escalation", "host_lost", "host_back", "host_restarted", "host_replaced",
@@ -67,6 +76,20 @@ class _Run:
     checkpoint_seq: int | None = None
     checkpoints: list[dict] = field(default_factory=list)
     ended_at: float | None = None
+    placed: dict[str, list[str]] = field(default_factory=dict)  # mesh -> its members' proc ids at spawn
+    replaced: dict[str, str] = field(default_factory=dict)  # proc id -> the proc that replaced it
+
+    def hosts_of(self, mesh: str) -> dict[str, int]:
+        """How many members of `mesh` each host agent runs now (empty if the journal does not say)."""
+        out: dict[str, int] = {}
+        for proc in self.placed.get(mesh, []):
+            for _ in range(len(self.replaced) + 1):  # a replacement's replacement, and so on
+                if proc not in self.replaced:
+                    break
+                proc = self.replaced[proc]
+            host = self.procs.get(proc, "?")
+            out[host] = out.get(host, 0) + 1
+        return out
 
     def fold(self, rec: Any) -> None:
         d = rec.data if isinstance(rec.data, dict) else {}
@@ -104,6 +127,10 @@ class _Run:
 
     def _event(self, d: dict, ts: float) -> None:
         ev = d.get("ev")
+        if ev == PLACED and isinstance(d.get("mesh"), str) and isinstance(d.get("procs"), list):
+            self.placed[d["mesh"]] = [p for p in d["procs"] if isinstance(p, str)]
+        if ev == "proc_replaced" and isinstance(d.get("old"), str) and isinstance(d.get("new"), str):
+            self.replaced[d["old"]] = d["new"]
         if ev not in EVENTS:
             return
         self.events.append({"ev": ev, "t": d.get("t", ts), **{k: d[k] for k in (
@@ -183,7 +210,8 @@ def session_status(journal: Any, session: str, *, now: float | None = None, wind
         "failovers": len(failovers),
         "last_failover": failovers[-1] if failovers else None,
         "meshes": [{"name": m.name, "members": m.members, "state": m.state(run.ended), "failures": m.failures,
-                    "restarts": m.restarts, **({"escalation": m.escalated} if m.escalated else {})}
+                    "restarts": m.restarts, "hosts": run.hosts_of(m.name),
+                    **({"escalation": m.escalated} if m.escalated else {})}
                    for m in run.meshes.values()],
         "procs_per_host": dict(sorted(per_host.items())),
         "hosts": hosts,
@@ -253,6 +281,7 @@ def render(st: dict, now: float | None = None) -> str:
         lines.append(f"  {m['name']:<24} {m['members']:>5} members  {m['state']:<11} "
                      f"{m['failures']} failures, {m['restarts']} restarts"
                      + (f"  escalated: {m['escalation']}" if m.get("escalation") else ""))
+        lines += [f"    {host:<38} {n:>5}" for host, n in sorted(m["hosts"].items())]
     if st["procs_per_host"]:
         lines.append("procs per host agent")
         for host, n in st["procs_per_host"].items():

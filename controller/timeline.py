@@ -13,6 +13,7 @@ from regent.controller.replay import (
     END,
     OBS,
     PATCH,
+    PLACED,
     PROCS,
     PROGRAM,
     RESULT,
@@ -67,7 +68,7 @@ def _wake(v: object) -> str:
 
 def _is_error(rec) -> bool:
     d = rec.data
-    return (rec.kind == RESULT and d.get("st") != "ok") or rec.kind == SUPERVISION or (
+    return (rec.kind == RESULT and d.get("st") != "ok") or (rec.kind == SUPERVISION and d.get("ev") != PLACED) or (
         rec.kind == END and d.get("error")) or (rec.kind == OBS and d.get("w") == "timeout")
 
 

@@ -40,7 +40,7 @@ def test_status_follows_a_session_through_a_failover_to_its_end(tmp_path, journa
         assert live["standbys"][0]["lag_records"] > 0
         assert live["failovers"] == 0 and live["epochs"] == [epoch]
         assert [(m["name"], m["members"], m["state"]) for m in live["meshes"]] == [("w", 3, "running")]
-        assert list(live["procs_per_host"].values()) == [3]
+        assert list(live["procs_per_host"].values()) == [3] and live["meshes"][0]["hosts"] == live["procs_per_host"]
         assert live["calls"] >= 4  # steps 0-3: a call, a broadcast, a choose, a stream
         text = _status(c)
         assert text.returncode == 0 and f"at epoch {epoch}" in text.stdout and "w " in text.stdout, text.stdout

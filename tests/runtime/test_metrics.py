@@ -95,6 +95,8 @@ def test_calls_and_restarts_are_counted_with_their_endpoint_and_cause(own_home, 
     with open_journal(f"sqlite://{tmp_path / 'j.db'}") as j:
         st = session_status(j, "metrics-restarts")
     assert [(m["name"], m["failures"], m["restarts"]) for m in st["meshes"]] == [("w", 2, 2)]
+    [(host, members)] = st["meshes"][0]["hosts"].items()  # rank 1's replacement counted where it runs
+    assert host.startswith("tcp://127.0.0.1:") and members == 2
     assert [(e["ev"], e.get("cause")) for e in st["events"]] == [
         ("failure", "proc_died"), ("proc_replaced", None), ("restart", None), ("failure", "actor_failed"),
         ("restart", None)]
