@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 from regent.chaos.netns import NamespaceHosts
 from regent.chaos.netns import unavailable_reason as netns_unavailable_reason
 from regent.hipcore.ports import listen_port
@@ -55,6 +57,15 @@ def slurm_unavailable_reason() -> str | None:
     if missing:
         return f"Slurm or MUNGE is not installed ({', '.join(missing)} missing): run scripts/install_slurm.sh"
     return netns_unavailable_reason()
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` has a TCP socket listening on `port`."""
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+    except psutil.Error:
+        return False
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -115,8 +126,7 @@ class SlurmCluster:
         try:
             self.net.create()
             self._start_munged(timeout_s)
-            self._write_conf()
-            self._slurmctld = self._daemon(["slurmctld", "-D", "-f", str(self.conf_path)], "slurmctld.out")
+            self._start_slurmctld(timeout_s)
             for node in self.nodes:
                 self._slurmd[node] = self._start_slurmd(node)
             self._wait_idle(timeout_s)
@@ -175,14 +185,33 @@ class SlurmCluster:
                                  f"{_tail(self.workdir / 'munged.out')}")
             time.sleep(0.05)
 
-    def _write_conf(self) -> None:
+    def _start_slurmctld(self, timeout_s: float, tries: int = 3) -> None:
+        """slurmctld on a port found free, and on another if something took that one before
+        slurmctld bound it (seen in a fresh-clone run: "Address already in use" beside the
+        other workers' agents, proxies and daemons)."""
+        for attempt in range(tries):
+            port = self._write_conf()
+            self._slurmctld = self._daemon(["slurmctld", "-D", "-f", str(self.conf_path)], "slurmctld.out")
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and self._slurmctld.poll() is None:
+                if _listens(self._slurmctld.pid, port):  # its own socket, not whoever took the port
+                    return
+                time.sleep(0.05)
+            taken = "Address already in use" in _tail(self.workdir / "slurmctld.log")
+            if self._slurmctld.poll() is None or not taken or attempt == tries - 1:
+                return  # listening late, or failing for another reason: _wait_idle says which
+            self._slurmctld = None
+
+    def _write_conf(self) -> int:
+        """slurm.conf with a slurmctld port found free now: the port."""
         w = self.workdir
-        (w / "state").mkdir()
+        (w / "state").mkdir(exist_ok=True)
+        port = listen_port(self.controller_address)
         ctld = self.controller_address
         lines = [
             f"ClusterName={self.cluster_name}",
             f"SlurmctldHost={socket.gethostname().split('.')[0]}({ctld})",
-            f"SlurmctldPort={listen_port(ctld)}",
+            f"SlurmctldPort={port}",
             # Each node has a namespace (and so a port space) of its own.
             "SlurmdPort=6818",
             "SlurmUser=root",
@@ -223,6 +252,7 @@ class SlurmCluster:
         lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES "
                      "MaxTime=INFINITE State=UP")
         self.conf_path.write_text("\n".join(lines) + "\n")
+        return port
 
     def _start_slurmd(self, node: str) -> subprocess.Popen:
         """slurmd in the node's namespace and a UTS namespace with the node's hostname.
