@@ -462,8 +462,8 @@ class Runtime(_HostTable):
                     self.outcomes.record(call, point, outcome)
             finally:
                 self.core.recorded(call.seq)
-        if self.metrics is not None and call.complete and call.wire is not None and not self.quiet():
-            self.metrics.call_done(call.kind, time.monotonic() - call.wire.issued_at)
+        if self.metrics is not None and call.complete:
+            self.metrics.call_done(call.seq)
         call.sink.deliver(call, point)
 
     def mark_dead(self, proc: ProcRef, reason: str) -> None:

@@ -10,12 +10,16 @@ counts only: it never writes the journal, takes a lease or messages a worker (in
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from regent.worker.metrics import MetricsServer, serve_metrics
 
@@ -28,6 +32,9 @@ COMMIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TAKEOVER_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
+# Calls whose seq is a multiple of this are timed (the latency histogram is a sample of the calls,
+# taken by seq, so whatever their order): timing every call cost a pipelined burst a few percent.
+LATENCY_SAMPLE = 8
 # How a failure's reason text maps to a bounded label (the text itself names pids and hosts).
 FAILURE_CAUSES = ("host_lost", "proc_died", "actor_failed", "actor_exited", "missing")
 
@@ -39,12 +46,8 @@ class ControllerMetrics:
         self.session = session
         self.registry = reg = CollectorRegistry()
         ProcessCollector(registry=reg)
-        self.calls = Counter("regent_calls", "Calls this controller issued live (not replayed), by kind "
-                             "(call, call_one, choose, stream, broadcast...), mesh and endpoint",
-                             ["kind", "mesh", "endpoint"], registry=reg)
-        self.call_seconds = Histogram("regent_call_duration_seconds", "From a live call's send to its "
-                                      "last point's outcome, by kind", ["kind"], buckets=CALL_BUCKETS,
-                                      registry=reg)
+        self._calls = _CallStats()  # on every call's path: plain counts, made metrics at scrape time
+        reg.register(self._calls)
         self.appends = Counter("regent_journal_appends", "Fenced appends to the journal (each a batch of "
                                "records)", registry=reg)
         self.records = Counter("regent_journal_records", "Records appended to the journal", registry=reg)
@@ -77,8 +80,6 @@ class ControllerMetrics:
                                    "by a spare, by cluster", ["cluster", "event"], registry=reg)
         self.hosts = Gauge("regent_hosts", "Hosts this controller's session uses, by state", ["state"],
                            registry=reg)
-        self._children: dict[tuple[str, str, str], Any] = {}
-        self._durations: dict[str, Any] = {}
         self._causes: dict[str, str] = {}  # mesh -> the cause of its latest failure
         self._server: MetricsServer | None = None
         self.leader.set(0)
@@ -144,18 +145,28 @@ class ControllerMetrics:
         self.takeovers.inc()
         self.takeover_seconds.observe(seconds)
 
-    def call_issued(self, kind: str, mesh: str, endpoint: str) -> None:
-        key = (kind, mesh, endpoint)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.calls.labels(kind, mesh, endpoint)
-        child.inc()
+    def call_issued(self, seq: int, kind: str, mesh: str, endpoint: str) -> None:
+        """Live call `seq` is about to leave (the session's driver calls this, one thread at a time).
+        Every call is counted; one in LATENCY_SAMPLE is timed."""
+        stats, key = self._calls, (kind, mesh, endpoint)
+        stats.issued[key] = stats.issued.get(key, 0) + 1
+        if not seq % LATENCY_SAMPLE:
+            stats.pending[seq] = (kind, time.monotonic())
 
-    def call_done(self, kind: str, seconds: float) -> None:
-        child = self._durations.get(kind)
-        if child is None:
-            child = self._durations[kind] = self.call_seconds.labels(kind)
-        child.observe(seconds)
+    def call_done(self, seq: int) -> None:
+        """Call `seq` has every outcome (the driver, as above); a replayed call was never issued here."""
+        if seq % LATENCY_SAMPLE:
+            return
+        began = self._calls.pending.pop(seq, None)
+        if began is None:
+            return
+        kind, t0 = began
+        h = self._calls.durations.get(kind)
+        if h is None:
+            h = self._calls.durations[kind] = [0] * (len(CALL_BUCKETS) + 1) + [0.0]
+        seconds = time.monotonic() - t0
+        h[bisect.bisect_left(CALL_BUCKETS, seconds)] += 1
+        h[-1] += seconds
 
     def committed(self, records: int, seconds: float) -> None:
         """One fenced append of `records` records took `seconds` (the journal writer's thread)."""
@@ -182,3 +193,35 @@ class ControllerMetrics:
     def host_counts(self, up: Callable[[], int], lost: Callable[[], int]) -> None:
         self.hosts.labels("up").set_function(up)
         self.hosts.labels("lost").set_function(lost)
+
+
+class _CallStats(Collector):
+    """Calls issued and their latencies as plain counts: a prometheus-client Counter or
+    Histogram takes a lock and walks its buckets in Python on each update, a few percent of a
+    pipelined call (bench/bench_metrics.py); here an update is a dict or list increment by the
+    driver that holds the session's drive, and the scrape builds the metrics from a copy."""
+
+    def __init__(self) -> None:
+        self.issued: dict[tuple[str, str, str], int] = {}
+        self.pending: dict[int, tuple[str, float]] = {}  # seq -> (kind, when it left), until it is done
+        # kind -> counts per bucket of CALL_BUCKETS (and one past the last), then the sum of seconds
+        self.durations: dict[str, list] = {}
+
+    def collect(self) -> Iterator[Any]:
+        calls = CounterMetricFamily("regent_calls", "Calls this controller issued live (not replayed), by "
+                                    "kind (call, call_one, choose, stream, broadcast...), mesh and endpoint",
+                                    labels=["kind", "mesh", "endpoint"])
+        for key, n in sorted(dict(self.issued).items()):
+            calls.add_metric(list(key), n)
+        yield calls
+        latency = HistogramMetricFamily("regent_call_duration_seconds", "From a live call's send to its last "
+                                        f"point's outcome, by kind: one call in {LATENCY_SAMPLE}, by seq",
+                                        labels=["kind"])
+        for kind, h in sorted(dict(self.durations).items()):
+            h = list(h)
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(floatToGoString, CALL_BUCKETS), "+Inf"], h[:-1], strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            latency.add_metric([kind], buckets, sum_value=h[-1])
+        yield latency

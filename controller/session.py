@@ -409,7 +409,7 @@ class Session:
                 sink.call = call  # sinks get it on delivery, so a finished call is no cycle for GC
             if jc is None:
                 if self._metrics is not None:
-                    self._metrics.call_issued(kind, actor, method)
+                    self._metrics.call_issued(seq, kind, actor, method)
                 task = None if self._loop is None else self._loop.task_name()
                 self._recorder.collect(engine.call_record(seq, kind, actor, method, digest, ranks, time.time(),
                                                           task).item)
