@@ -193,6 +193,7 @@ def test_a_standby_rebuilds_an_actor_its_predecessor_had_not_rebuilt_on_a_replac
     c.start()  # standby
     first = c.wait_leader(1)
     c.wait_step(first, 0)
+    c.wait_standby()  # under load the standby may still be starting: it must stand by first
     proc_pid = int(re.search(r"^proc (\d+)$", c.log_of(first).read_text(), re.M).group(1))
     os.kill(proc_pid, signal.SIGKILL)
     deadline = time.monotonic() + 20

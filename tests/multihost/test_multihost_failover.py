@@ -31,6 +31,9 @@ def test_a_standby_on_another_host_takes_over_with_the_same_workers(multihost: M
     try:
         cluster.start()
         cluster.start()
+        # A standby still starting when the primary dies would find the seat empty and lead
+        # as a fresh primary (it still replays): this test is about one that stood by.
+        cluster.wait_standby()
         killed = cluster.kill_leaders(1, random.Random(18), max_live_steps=25)
         assert len(killed) == 1, "the primary finished before it could be killed"
         result = cluster.finish(cluster.by_pid(cluster.wait_leader(2)))
