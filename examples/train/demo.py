@@ -72,6 +72,7 @@ class Controller:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.pid = self.proc.pid
         self._events = events
+        self.standing_by = threading.Event()  # it found a leader and waits behind it
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -80,6 +81,8 @@ class Controller:
             for line in self.proc.stderr:
                 out.write(line)
                 out.flush()
+                if "standing by" in line:
+                    self.standing_by.set()
                 if line.startswith(("step ", "live at ", "eval ", "procs ", "healed ")):
                     self._events.put((self.pid, line.rstrip("\n")))
 
@@ -102,6 +105,13 @@ def _leaders(path: Path) -> list[tuple[int, float]]:
         return [(int(p), float(t)) for p, t in (line.split() for line in path.read_text().splitlines())]
     except FileNotFoundError:
         return []
+
+
+def _wait_for_standby(controllers: dict[int, Controller], leader: Controller, deadline: float) -> None:
+    while not any(c.standing_by.is_set() for c in controllers.values() if c is not leader and c.proc.poll() is None):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no standby stood by behind the leader to take over; see the controller logs")
+        time.sleep(0.01)
 
 
 def run_controllers(session: str, workdir: Path, train_args: list[str], kill_steps: list[int], *,
@@ -177,6 +187,9 @@ def run_controllers(session: str, workdir: Path, train_args: list[str], kill_ste
                 bar.refresh()
                 if pending and step >= pending[0]:
                     pending.pop(0)
+                    # A standby still starting (a loaded machine) would find the seat empty
+                    # and lead as a fresh primary: the demo kills once one stands by.
+                    _wait_for_standby(controllers, leader, deadline)
                     leader.kill()
                     takeovers.append(Takeover(pid, step, time.time()))
                     bar.write(f"  >>> SIGKILL leader pid {pid} at step {step}")

@@ -248,6 +248,9 @@ def test_the_containers_form_a_cluster_that_runs_a_program_through_a_failover(k8
                           for p in ("job-controller-a", "job-controller-b")):
                 assert time.monotonic() < deadline + 90, pods.log("job-controller-a", "controller")
                 time.sleep(0.02)
+            while not any("standing by" in pods.log(p, "controller") for p in ("job-controller-a", "job-controller-b")):
+                assert time.monotonic() < deadline + 90, pods.log("job-controller-b", "controller")
+                time.sleep(0.02)  # the other controller waits behind the primary before the kill
             os.kill(first, signal.SIGKILL)  # the primary's program dies mid-run; its wrapper restarts it
             while (ended := run_ended(journal.backend, "job")) is None:
                 assert time.monotonic() < deadline + 180, pods.log("job-controller-b", "controller")

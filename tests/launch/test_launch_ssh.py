@@ -57,6 +57,15 @@ def _wait_step(log: Path, step: int, launcher: subprocess.Popen, timeout_s: floa
         time.sleep(0.05)
 
 
+def _wait_standing_by(log: Path, launcher: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until the other controller stands by: one still starting when the primary dies would
+    lead as a fresh primary (a loaded machine), and this test is about a takeover."""
+    deadline = time.monotonic() + timeout
+    while "standing by" not in log.read_text():
+        assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
 def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts, home: Path, tmp_path: Path) -> None:
     log = tmp_path / "launch.log"
     hold = tmp_path / "hold"  # the primary waits at step 3 until the kill: it cannot finish first
@@ -65,6 +74,7 @@ def test_a_run_over_ssh_hosts_survives_the_primarys_sigkill(ssh_hosts: SshHosts,
     try:
         _wait_step(log, 3, launcher)
         primary = int((tmp_path / "leaders").read_text().split()[0])
+        _wait_standing_by(log, launcher)
         # The controller here and the standby on h2 start at once; the election decides who
         # leads first (here, unless the machine is loaded), and the other takes over.
         here = psutil.Process(primary).ppid() == launcher.pid
