@@ -10,12 +10,14 @@ only reads the journal and the store: it never writes, takes a lease or messages
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported when the dashboard runs, not by every `regent` command's parser
@@ -66,14 +68,19 @@ class _Reader:
                     pass
         self._journal = self._store = None
 
-    def sessions(self) -> tuple[str, list[dict]]:
+    @contextlib.contextmanager
+    def _opened(self) -> Iterator[Any]:
+        """The journal, under the lock; one that failed is closed and opened again next time."""
         with self._lock:
             try:
-                j = self._open()
-                infos = j.sessions()
+                yield self._open()
             except BaseException:
                 self._reset()
                 raise
+
+    def sessions(self) -> tuple[str, list[dict]]:
+        with self._opened() as j:
+            infos = j.sessions()
             return j.url, [{"name": i.name, "records": i.records, "last_write": i.last_write, "ended": i.ended,
                             "leader": i.leader, "epoch": i.epoch, "problem": i.problem} for i in infos]
 
@@ -81,21 +88,16 @@ class _Reader:
         from regent.controller.status import session_status
         from regent.journal.standbys import standbys
 
-        with self._lock:
-            try:
-                j = self._open()
-                if session not in j.backend.session_names():
-                    return None
-                info = j.session_info(session)
-                waiting = tuple(w["holder"] for w in standbys(j.backend, session))
-                key = (info.last_lsn, info.leader, info.epoch, waiting, int(time.time() // 10))
-                cached = self._cache.get(session)
-                if cached is None or cached[0] != key:
-                    st = session_status(j, session, window_s=float("inf"), store=self._store)
-                    self._cache[session] = cached = (key, st)
-            except BaseException:
-                self._reset()
-                raise
+        with self._opened() as j:
+            if session not in j.backend.session_names():
+                return None
+            info = j.session_info(session)
+            waiting = tuple(w["holder"] for w in standbys(j.backend, session))
+            key = (info.last_lsn, info.leader, info.epoch, waiting, int(time.time() // 10))
+            cached = self._cache.get(session)
+            if cached is None or cached[0] != key:
+                st = session_status(j, session, window_s=float("inf"), store=self._store)
+                self._cache[session] = cached = (key, st)
         st = dict(cached[1])
         st["now"] = time.time()
         return st
@@ -103,15 +105,10 @@ class _Reader:
     def trace(self, session: str) -> dict | None:
         from regent.controller.export import export_perfetto
 
-        with self._lock:
-            try:
-                j = self._open()
-                if session not in j.backend.session_names():
-                    return None
-                return export_perfetto(j.read(session), session)
-            except BaseException:
-                self._reset()
-                raise
+        with self._opened() as j:
+            if session not in j.backend.session_names():
+                return None
+            return export_perfetto(j.read(session), session)
 
 
 def make_app(journal_url: str | None, store_url: str | None = None, token: str | None = None,
