@@ -119,3 +119,10 @@ class Future(Generic[T]):
         if waiter is not None:
             yield from waiter.__await__()
         return self.get()
+
+
+def stopped_future() -> Future[None]:
+    """What a stop returns once it is done: Monarch's stop() is a future to wait on."""
+    done: Future[None] = Future()
+    done.set_result(None)
+    return done

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+import structlog
 
 from regent import wire
 from regent.controller.edge import sys_path
@@ -24,6 +25,8 @@ from regent.worker.classref import class_ref, modules_of
 from regent.worker.errors import SupervisionError
 from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor
+
+log = structlog.get_logger("regent.lifecycle")
 
 if TYPE_CHECKING:
     from regent.controller.session import Session
@@ -240,8 +243,10 @@ class Lifecycle:
         when a member is replaced or leaves."""
         self.s._supervisor.membership.formed(name, procs, backend, timeout_s)
 
-    def stop_actors(self, mesh: ActorMesh) -> None:
+    def stop_actors(self, mesh: ActorMesh, reason: str) -> None:
         """Stop these actors; once every member of the mesh is stopped its name is free again."""
+        if reason:
+            log.info("stopping actors", mesh=mesh.name, ranks=len(mesh._view), reason=reason)
         sink = GatherSink(mesh._view)
         self.s._supervisor.stopped(mesh.name, mesh._view.ranks)  # a call finding them gone is no failure
         self.s._issue_call(Kind.STOP, "stop", mesh.name, "__stop__", [], b"", mesh._procs, mesh._view.ranks, sink)
@@ -277,9 +282,9 @@ class Lifecycle:
         on = set(hosts)
         procs = list({id(p): p for p in self.procs if p.host in on and not p.stopped}.values())
         if procs:
-            self.stop_procs(procs)
+            self.stop_procs(procs, "its host mesh was shut down")
 
-    def stop_procs(self, procs: list[ProcRef]) -> None:
+    def stop_procs(self, procs: list[ProcRef], reason: str) -> None:
         """Stop these procs and the actors on them; supervision does not bring them back."""
         s, runtime = self.s, self.s.runtime
         digest = wire.digest([msgpack.packb([p.key for p in procs])])
@@ -295,7 +300,7 @@ class Lifecycle:
             runtime.host_request(host, "stop_procs", ids=ids, timeout=30.0)
         with runtime.drive:
             for proc in procs:
-                runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program")
+                runtime.mark_dead(proc, f"proc {proc.id} was stopped by the program" + (f": {reason}" if reason else ""))
         for name in [n for n, on in self._placed.items() if all(p.stopped for p in on)]:
             self._free(name)  # Monarch spawns a mesh of the name again on new procs; so does regent
         s._finished(seq)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from regent.controller.futures import Future, Point, ValueMesh
+from regent.controller.futures import Future, Point, ValueMesh, stopped_future
 from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
 from regent.worker.client import Target
@@ -190,9 +190,12 @@ class ProcMesh:
         """
         return self._session._lifecycle.spawn_actors(self, name, actor_class, args, kwargs, restart)
 
-    def stop(self) -> None:
-        """Stop these procs and the actors on them (journaled; supervision does not restart them)."""
-        self._session._lifecycle.stop_procs(self.procs())
+    def stop(self, reason: str = "") -> Future[None]:
+        """Stop these procs and the actors on them (journaled; supervision does not restart them).
+        Returns once they are stopped, with a done future, as Monarch's `stop()` returns a future
+        (`.get()` and `await` both work); `reason`, if given, is in the error of a call that finds them gone."""
+        self._session._lifecycle.stop_procs(self.procs(), reason)
+        return stopped_future()
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -308,8 +311,11 @@ class ActorMesh:
                    self._root_dims, view)
         return mesh
 
-    def stop(self) -> None:
-        self._session._lifecycle.stop_actors(self)
+    def stop(self, reason: str = "") -> Future[None]:
+        """Stop these actors (their `__cleanup__` runs); returns once they are gone, with a done
+        future, as ProcMesh.stop does. `reason`, if given, is logged with the stop."""
+        self._session._lifecycle.stop_actors(self, reason)
+        return stopped_future()
 
     def __reduce__(self) -> tuple:
         """Sent to an actor, an actor mesh travels as an `ActorMeshRef`: plain data, no Session;

@@ -9,10 +9,14 @@ awaits. Nothing here knows about sockets.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+from regent.worker.errors import ActorExit
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,6 +98,12 @@ class ActorContext:
         its name and point and whose `rank` is its place in its mesh."""
         return self
 
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """Monarch's `actor_instance.abort(reason)`: end the running actor with a failure, which
+        its mesh's restart policy (or its owner's supervision) then handles. It raises
+        ActorExit, so the endpoint stops there; its caller gets a SupervisionError."""
+        raise ActorExit(reason or f"actor {self} aborted", normal=False)
+
 
 _current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(
     "regent_actor_context", default=None
@@ -167,6 +177,13 @@ class Actor:
     @property
     def context(self) -> ActorContext:
         return context()
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """Monarch's `self.logger`: a logger named for the actor's class, at DEBUG."""
+        logger = logging.getLogger(type(self).__name__)
+        logger.setLevel(logging.DEBUG)
+        return logger
 
 
 class Bootstrap(Actor):

@@ -185,17 +185,21 @@ class ActorMeshRef(_MeshRef):
                             tuple(self.ranks[i] for i in picked), tuple(self.targets[i] for i in picked),
                             tuple(self.keys[i] for i in picked), self.epoch)
 
-    def stop(self) -> None:
-        """Stop these actors (blocks until they are gone)."""
+    def stop(self, reason: str = "") -> Any:
+        """Stop these actors; returns once they are gone, with a done future (Monarch's stop()
+        is a future: `.get()` and `await` both work). `reason`, if given, is logged."""
         program = program_side(f"stopping {self.name}")
         if program is not None:
-            program.mesh_of(self).stop()
-            return
+            return program.mesh_of(self).stop(reason)
         client, site = _site(f"stopping {self.name}")
         origin = site.child()
+        if reason:
+            log.info("stopping actors", mesh=self.name, ranks=len(self.ranks), reason=reason)
         futures = [client.send(Kind.STOP, t, site.seq, self.name, r, origin, "__stop__", b"", [])
                    for r, t in zip(self.ranks, self.targets, strict=True)]
-        RemoteFuture(futures, list, self.name, "__stop__").get()
+        done = RemoteFuture(futures, lambda _: None, self.name, "__stop__")
+        done.get()
+        return done
 
     def __getattr__(self, name: str) -> RemoteEndpoint:
         if name.startswith("_"):
