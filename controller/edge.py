@@ -98,6 +98,11 @@ class JournalWriter(Protocol):
     def close(self) -> None: ...
 
 
+# The start of the log line a controller writes once it waits behind a leader: launchers, the
+# training demo and the tests watch controllers' output for it before they kill the primary.
+STANDING_BY = "standing by: another controller leads this session"
+
+
 class Handoff(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
     """SIGTERM asked this primary to step down: it hands leadership to a standby at once,
     leaving workers and the run as they are."""
@@ -219,7 +224,7 @@ class LiveEdge:
 
     def _on_waiting(self) -> None:
         self.waited = True
-        log.info("standing by: another controller leads this session", session=self.name)
+        log.info(STANDING_BY, session=self.name)
         if self.metrics is not None:
             self.metrics.standing_by(self.journal)
         if self.journal_url != "off":  # listed by `regent status` and the dashboard while it waits

@@ -26,7 +26,7 @@ from regent.worker.errors import SupervisionError
 from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor
 
-log = structlog.get_logger("regent.lifecycle")
+log = structlog.get_logger("regent.controller")
 
 if TYPE_CHECKING:
     from regent.controller.session import Session

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from regent.controller.edge import STANDING_BY
+
 TRAIN = Path(__file__).with_name("train.py")
 STEP = re.compile(r"^step (\d+)/(\d+) (\w+) (\S+)")  # step 3/16 loss 2.31 (or reward 0.12)
 LIVE = re.compile(r"^live at (\S+) replayed (\d+) resent (\d+)")
@@ -81,7 +83,7 @@ class Controller:
             for line in self.proc.stderr:
                 out.write(line)
                 out.flush()
-                if "standing by" in line:
+                if STANDING_BY in line:
                     self.standing_by.set()
                 if line.startswith(("step ", "live at ", "eval ", "procs ", "healed ")):
                     self._events.put((self.pid, line.rstrip("\n")))

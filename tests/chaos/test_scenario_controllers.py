@@ -11,6 +11,7 @@ from chaos_suite import assert_verdict, name
 
 from regent.chaos import Fault, Schedule, kill
 from regent.chaos.run import run_schedule
+from regent.controller.edge import STANDING_BY
 
 pytestmark = pytest.mark.chaos
 
@@ -67,7 +68,7 @@ def test_twenty_sigkills_of_the_primary_at_random_points_lose_and_repeat_nothing
         while len(kills) < 20 and c.result is None:
             lead, standby = c.leader(), c.standby()
             if lead is None or lead.popen.poll() is not None or standby is None or \
-                    "standing by" not in standby.log_path.read_text():
+                    STANDING_BY not in standby.log_path.read_text():
                 time.sleep(0.02)
                 continue
             time.sleep(rng.uniform(0.05, 0.5))

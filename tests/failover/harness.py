@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from regent.controller.edge import STANDING_BY
+
 PROGRAMS = Path(__file__).parent / "programs"
 
 
@@ -91,7 +93,7 @@ class Cluster:
     def wait_standby(self, timeout: float = 30.0) -> None:
         """Until some controller stands by (it has opened the journal and found a leader)."""
         deadline = time.monotonic() + timeout
-        while not any("standing by" in f.read_text() for f in self.workdir.glob(f"{self.session}.ctl*.log")):
+        while not any(STANDING_BY in f.read_text() for f in self.workdir.glob(f"{self.session}.ctl*.log")):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no standby of {self.session} within {timeout} s\n{self.log_tail()}")
             time.sleep(0.01)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from regent.chaos.netns import NamespaceHosts
+from regent.controller.edge import STANDING_BY
 from regent.journal import open_journal
 from regent.journal.hosts import registered_hosts, run_ended
 from tests.failover.harness import check_exactly_once
@@ -248,7 +249,7 @@ def test_the_containers_form_a_cluster_that_runs_a_program_through_a_failover(k8
                           for p in ("job-controller-a", "job-controller-b")):
                 assert time.monotonic() < deadline + 90, pods.log("job-controller-a", "controller")
                 time.sleep(0.02)
-            while not any("standing by" in pods.log(p, "controller") for p in ("job-controller-a", "job-controller-b")):
+            while not any(STANDING_BY in pods.log(p, "controller") for p in ("job-controller-a", "job-controller-b")):
                 assert time.monotonic() < deadline + 90, pods.log("job-controller-b", "controller")
                 time.sleep(0.02)  # the other controller waits behind the primary before the kill
             os.kill(first, signal.SIGKILL)  # the primary's program dies mid-run; its wrapper restarts it

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from regent.controller.edge import STANDING_BY
 from tests.failover.harness import check_exactly_once
 from tests.support.leftovers import left_running
 from tests.support.slurm import SlurmCluster, slurm_unavailable_reason
@@ -76,7 +77,7 @@ def test_a_job_runs_through_the_primarys_sigkill_and_the_standby_finishes(slurm3
         time.sleep(0.05)
     # The standby's node may start its controller late on a loaded machine: kill the primary only
     # once the standby stands by, or the "standby" finds no leader and simply starts as primary.
-    while "standing by: another controller leads this session" not in _job_out(out):
+    while STANDING_BY not in _job_out(out):
         assert time.monotonic() < deadline, ("the standby never stood by", _job_out(out))
         time.sleep(0.05)
     primary = int(leaders.read_text().split()[0])

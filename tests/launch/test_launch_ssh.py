@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from regent.controller.edge import STANDING_BY
 from tests.failover.harness import check_exactly_once
 from tests.support.leftovers import left_running
 from tests.support.sshd import SshHosts
@@ -61,7 +62,7 @@ def _wait_standing_by(log: Path, launcher: subprocess.Popen, timeout: float = 60
     """Until the other controller stands by: one still starting when the primary dies would
     lead as a fresh primary (a loaded machine), and this test is about a takeover."""
     deadline = time.monotonic() + timeout
-    while "standing by" not in log.read_text():
+    while STANDING_BY not in log.read_text():
         assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.05)
 
