@@ -25,6 +25,7 @@ from regent.worker.classref import class_ref, modules_of
 from regent.worker.errors import SupervisionError
 from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor
+from regent.worker.zygote import wanted_preload
 
 log = structlog.get_logger("regent.controller")
 
@@ -109,7 +110,8 @@ class Lifecycle:
             tuning = {k: os.environ[k] for k in PROC_TUNING_ENV if k in os.environ}
             envs = [{"REGENT_PROC_RANK": str(i), "REGENT_PROC_DIM": dim, **tuning} for i in range(count)]
             # Every host asked at once: each starts its procs together, all hosts in parallel.
-            fields = {"s": seq, "count": count, "envs": envs, "path": sys_path(), "d": digest}
+            fields = {"s": seq, "count": count, "envs": envs, "path": sys_path(), "d": digest,
+                      "preload": wanted_preload()}  # what hosts forking procs import once (worker/zygote.py)
             replies = runtime.host_requests([(host, "spawn_procs", fields) for host in hosts])
             for host, reply in zip(hosts, replies, strict=True):
                 if reply.get("st") != "ok":

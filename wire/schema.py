@@ -228,7 +228,7 @@ class HostRequest(TypedDict):
     env: NotRequired[Env]
     ids: NotRequired[Annotated[list[Name], Meta(max_length=65536)]]  # stop_procs
     warm: NotRequired[Annotated[list[WarmProc], Meta(max_length=64)]]  # warm_procs: the procs wanted
-    preload: NotRequired[Annotated[list[ModuleName], Meta(max_length=32)]]  # warm_procs: imported first
+    preload: NotRequired[Annotated[list[ModuleName], Meta(max_length=32)]]  # warm_procs, spawn_procs: imported first
 
 
 # --- proc -> host agent -----------------------------------------------------------------

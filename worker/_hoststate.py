@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from regent.worker.fencing import EpochFence
 
@@ -49,6 +49,29 @@ class _Proc:
 
     def status_text(self) -> str:
         return "unknown (adopted)" if self.adopted else str(self.exit_status)
+
+
+@dataclass
+class _ForkedProc(_Proc):
+    """A proc forked by one of the agent's zygotes (worker/zygote.py): not the agent's child,
+    so its exit status comes from the zygote that reaped it."""
+
+    server: Any = None
+
+    @property
+    def adopted(self) -> bool:
+        return False
+
+    def wait(self, timeout: float | None) -> bool:
+        if not fd_ready(self.pidfd, timeout):
+            return False
+        self.exited = True
+        if self.exit_status is None and self.server is not None:
+            self.exit_status = self.server.exit_code(self.pid)
+        return True
+
+    def status_text(self) -> str:
+        return "unknown (its zygote did not say)" if self.exit_status is None else str(self.exit_status)
 
 
 def fd_ready(fd: int, timeout: float | None) -> bool:

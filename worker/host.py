@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +33,7 @@ from regent.wire.security import load_credentials, regent_home, stop_authenticat
 from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, context, peer_of, valid_address
 from regent.worker import discovery
 from regent.worker._adopting import ADOPT_GRACE_S, _Adoption
+from regent.worker._forking import _bound_env, _Forking, _proc_env
 from regent.worker._hoststate import (
     _env_at,
     _Proc,
@@ -55,7 +54,7 @@ STOP_GRACE_S = 3.0
 STOPPED_SESSIONS_KEPT = 4096
 
 
-class HostAgent(_Adoption, _WarmPool):
+class HostAgent(_Adoption, _WarmPool, _Forking):
     """One machine's host agent. `succeeds` is the host.json record of a dead agent whose
     address (if still free) and procs this one takes over. `fences`: where each session's
     epoch fence is kept (default $REGENT_HOME/fences), so a successor starts from it."""
@@ -87,6 +86,7 @@ class HostAgent(_Adoption, _WarmPool):
             from regent.worker.hollow import HollowProcs
 
             self.hollow = HollowProcs(hollow, self.ctx)
+        self._init_forking(not hollow)  # procs forked from zygotes unless REGENT_FORK=0 (worker/_forking.py)
 
     def _bind(self, bind_host: str, port: int, succeeds: dict | None) -> Inbox:
         """The inbox, at the dead predecessor's address when free: controllers and journals
@@ -119,11 +119,17 @@ class HostAgent(_Adoption, _WarmPool):
             poller.register(self.inbox.sock, zmq.POLLIN)
             for fd in self.by_pidfd:
                 poller.register(fd, zmq.POLLIN)
+            zygotes = self._zygote_fds()
+            for fd in zygotes:
+                poller.register(fd, zmq.POLLIN)
             for sock_or_fd, _ in poller.poll(2 if self.relay.backlogged else 200):
                 if sock_or_fd is self.inbox.sock:
                     self._drain_inbox()
                 elif sock_or_fd in self.by_pidfd:  # not stopped meanwhile by a request
                     self._reap(sock_or_fd)
+                elif sock_or_fd in zygotes:
+                    zygotes[sock_or_fd].pump()
+            self._release_held()
             if self.relay.backlogged:
                 self.relay.retry()
             self._after_adoption()
@@ -143,6 +149,7 @@ class HostAgent(_Adoption, _WarmPool):
     def shutdown(self) -> None:
         for sid in list(self.sessions):
             self._stop_session(sid)
+        self._close_forks()
         if self.hollow is not None:
             self.hollow.shutdown()
         self.inbox.close()
@@ -336,9 +343,12 @@ class HostAgent(_Adoption, _WarmPool):
             self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": meta.get("n"), "st": "err", "s": seq,
                                                        "em": why}))
             return
+        preload = tuple(m for m in meta.get("preload") or [] if isinstance(m, str))
+        if self._hold_for_zygote(meta, _proc_env(_env_at(envs, 0), path), preload):
+            return  # its zygote is still importing: dispatched again once it is ready
         first = state.next_index
         procs = [self._start_proc(sid, state, first + i, _env_at(envs, i), path,
-                                  _spawn_origin(seq, identity, i, origin)) for i in range(count)]
+                                  _spawn_origin(seq, identity, i, origin), preload) for i in range(count)]
         state.spawns[(seq, origin)] = _SpawnRequest(sid, seq, identity, procs, [(rt, meta.get("n"))],
                                                     time.monotonic(), count, first, origin=origin)
 
@@ -358,7 +368,7 @@ class HostAgent(_Adoption, _WarmPool):
         return False
 
     def _start_proc(self, sid: str, state: _SessionState, index: int, extra_env: dict, path: list,
-                    origin: list[str]) -> _Proc:
+                    origin: list[str], preload: tuple[str, ...] = ()) -> _Proc:
         """Start a proc. `origin` (argv) names the request that started it, and with the agent's
         pid and the session's orphan timeout is what the proc tells a successor agent."""
         proc_id = f"{self.host_id}-{sid[:16]}-{index}-{uuid.uuid4().hex[:6]}"
@@ -369,12 +379,8 @@ class HostAgent(_Adoption, _WarmPool):
         if self.hollow is not None:
             proc: _Proc = self.hollow.start(proc_id, index, argv, path, extra_env)
         else:
-            env = _bound_env({**os.environ, **extra_env})
-            pypath = path + env.get("PYTHONPATH", "").split(os.pathsep)
-            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in pypath if p))
-            popen = subprocess.Popen([sys.executable, "-m", "regent.worker.proc", *argv, "--host-pid", str(os.getpid())],
-                                     env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-            proc = _Proc(proc_id, index, popen.pid, os.pidfd_open(popen.pid), popen)
+            argv += ["--host-pid", str(os.getpid())]
+            proc = self._launch(proc_id, index, argv, _proc_env(extra_env, path), preload)
         state.procs[proc_id] = proc
         state.next_index = max(state.next_index, index + 1)
         self.by_pidfd[proc.pidfd] = (sid, proc)
@@ -524,27 +530,6 @@ class HostAgent(_Adoption, _WarmPool):
 
 def _dropped(head: Any, e: ProtocolError) -> None:
     log.warning("dropped malformed message", peer=peer_of(head), error=str(e))
-
-
-def _bound_env(env: dict[str, str]) -> dict[str, str]:
-    """A proc's environment with its device binding: proc i of a {"gpus": N} mesh sees GPU i
-    of this host only (hipcore.binding, docs/hipcore.md). Other meshes are left unbound.
-    Raises ValueError when this host cannot give the proc its GPU."""
-    if env.get("REGENT_PROC_DIM") != "gpus":
-        return env
-    from regent.hipcore import HipcoreError, backend, binding  # imported once a mesh asks for GPUs
-
-    rank = env.get("REGENT_PROC_RANK", "")
-    if not rank.isdigit():
-        raise ValueError(f"REGENT_PROC_RANK={rank!r} is not a proc rank")
-    try:
-        info = backend()
-    except HipcoreError as e:  # e.g. REGENT_HIPCORE_BACKEND forces a GPU backend this host lacks
-        raise ValueError(str(e)) from e
-    if info.is_gpu and binding.VISIBLE_DEVICES_ENV[info.name] not in env and int(rank) >= info.device_count:
-        raise ValueError(f"proc {rank} needs GPU {rank}, but this host has {info.device_count} "
-                         f"{info.name} GPU(s); spawn at most {info.device_count} procs per host")
-    return binding.child_env(env, int(rank), 1)
 
 
 def daemonize(log_path: str | None) -> None:

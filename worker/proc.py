@@ -146,7 +146,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
         self._say_ready()
         self.loop.call_soon(self._on_readable)
         if self.host_pid is not None:
-            self._watch_host(self.host_pid, parent=True)
+            self._watch_host(self.host_pid, parent=not FORKED)  # a forked proc's parent is a zygote
         log.debug("proc ready", proc=self.proc_id, addr=self.inbox.address)
         try:
             self.loop.run_forever()
@@ -425,6 +425,9 @@ def _stopper(origin: str) -> str:
     if steps[-1].startswith("stop#") and len(steps) > 1:  # worker/_proc_owners.py _stop_children
         return f"its owner {steps[-2].split('@')[0]} ending"
     return f"actor {steps[-1].split('#')[0]}"
+
+
+FORKED = False  # set in a proc forked from its host's zygote (worker/zygote.py)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -120,9 +120,12 @@ def test_a_host_killed_with_all_its_procs_is_lost_and_its_points_fail(loopback_c
     with Session("loop-host-kill", journal=url) as s:
         e = s.host_mesh(hosts=2, cluster="loop").spawn_procs(per_host={"procs": 2}).spawn("e", Echo)
         pids = e.pid.call().get().values()
-        assert host_processes(agents["a"].pid) == sorted(pids[:2])
+        # The host's processes: its procs, and the zygote they were forked from (worker/zygote.py).
+        zygotes = {psutil.Process(p).ppid() for p in pids[:2]}
+        assert all("regent.worker.zygote" in psutil.Process(z).cmdline() for z in zygotes)
+        assert host_processes(agents["a"].pid) == sorted([*pids[:2], *zygotes])
         event = kill_host(agents["a"].pid, target="host/a")
-        assert event.detail["procs"] == sorted(pids[:2])
+        assert event.detail["procs"] == sorted([*pids[:2], *zygotes])
         with pytest.raises(SupervisionError, match="lost|unreachable"):
             for _ in range(3):
                 e.slice(hosts=0).pid.call().get(timeout=10)
