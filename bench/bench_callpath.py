@@ -101,7 +101,9 @@ if os.environ.get("REGENT_BENCH_PROFILE_DIR") and "regent.worker.proc" in " ".jo
 
 
 def run_child(tree: Path | None, calls: int, warmup: int, profile_dir: str | None = None) -> dict[str, Any]:
-    env = dict(os.environ)
+    # Procs as fresh processes, as at the older commits compared (and as the profile's
+    # sitecustomize needs: a proc forked from a zygote runs none).
+    env = {**os.environ, "REGENT_FORK": "0"}
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}{os.pathsep}{env.get('PYTHONPATH', '')}"
     cmd = [sys.executable, __file__, "--child", "--calls", str(calls), "--warmup", str(warmup)]
