@@ -33,7 +33,7 @@ from regent.controller.drive import Drive
 from regent.controller.futures import Future
 from regent.controller.recorder import OutcomePort
 from regent.controller.refs import ProcRef
-from regent.wire import Kind, ProtocolError, schema
+from regent.wire import Kind, ProtocolError, bulk, schema
 from regent.wire.protocol import MAX_BUFFERS
 from regent.wire.security import load_credentials, stop_authenticator
 from regent.wire.transport import (
@@ -472,6 +472,7 @@ class Runtime(_HostTable):
             return
         proc.alive = False
         proc.death = reason
+        bulk.forget(proc.address)  # large frames sent to it that it never took (wire.bulk)
         for n, asked in list(self._asked_procs.items()):  # a restart spawn waiting on it: no answer will come
             fut = self._requests.get(n)
             if asked is proc and fut is not None and not fut.done():

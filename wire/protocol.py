@@ -52,6 +52,7 @@ class Kind(enum.IntEnum):
     BATCH = 14  # any -> any: several messages to one peer, in the order they were sent
     LOG = 15  # proc -> controller: lines its processes wrote to stdout / stderr
     RELAY = 16  # controller or proc -> host agent: forward the message in the payload frames to "to"
+    BULK = 17  # any -> a process of the same host: the message in the payload, large frames in /dev/shm (wire.bulk)
 
 
 _KINDS = {int(k) for k in Kind}
@@ -70,6 +71,12 @@ def encode(kind: Kind, meta: dict, payload: Sequence[Any] = ()) -> list:
     if len(body) > MAX_META_BYTES:
         raise ProtocolError(f"message metadata is {len(body)} bytes, above {MAX_META_BYTES}")
     return [_HEADER.pack(MAGIC, VERSION, kind, len(body)) + body, *payload]
+
+
+def kind_byte(frame: Any) -> int:
+    """The kind a message's first frame says, unchecked (0 for a frame too short to say)."""
+    head = frame.buffer if hasattr(frame, "buffer") else frame
+    return head[3] if len(head) > 3 else 0
 
 
 def relay_header(to: str) -> bytes:
@@ -203,7 +210,9 @@ def message_bytes(msg: list) -> int:
 
 
 def batchable(msg: list, size: int) -> bool:
-    return size <= BATCH_ALONE_BYTES and len(msg) <= BATCH_MESSAGE_FRAMES
+    """A BULK envelope travels alone: its receiver's transport takes it apart, not its handler."""
+    return size <= BATCH_ALONE_BYTES and len(msg) <= BATCH_MESSAGE_FRAMES and \
+        (len(msg) < 3 or kind_byte(msg[0]) != Kind.BULK)
 
 
 def batch_bytes(max_message: int) -> int:

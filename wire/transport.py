@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 import zmq
 
-from regent.wire import protocol
+from regent.wire import bulk, protocol
 from regent.wire.errors import MessageTooLarge, ProtocolError
 from regent.wire.schema import valid_address  # noqa: F401  (where the rest of regent finds it)
 from regent.wire.security import Credentials, secure_client, secure_server
@@ -164,20 +164,31 @@ class Inbox:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if self.accept(frames):
+            frames = self.admit(frames)
+            if frames is not None:
                 yield frames
 
-    def accept(self, frames: list) -> bool:
-        """Whether a received message is within the size limit, all frames together; one
-        that is not is logged with its peer and is to be dropped."""
+    def admit(self, frames: list) -> list | None:
+        """A received message as its handler takes it: None (logged with its peer) if it is
+        above the size limit, all frames together, or is a BULK envelope (wire.bulk) that
+        cannot be taken; a BULK envelope's message with its frames mapped."""
         size = 0
         for f in frames:  # message_size, inline: once per message received
             size += len(f)
-        if size <= self.max_message:
-            return True
-        log.warning("dropped oversized message", peer=peer_of(frames[0]), bytes=size, frames=len(frames),
-                    limit=self.max_message, setting="REGENT_MAX_MESSAGE_BYTES")
-        return False
+        if size > self.max_message:
+            log.warning("dropped oversized message", peer=peer_of(frames[0]), bytes=size, frames=len(frames),
+                        limit=self.max_message, setting="REGENT_MAX_MESSAGE_BYTES")
+            return None
+        if len(frames) < 3 or protocol.kind_byte(frames[0]) != protocol.Kind.BULK:
+            return frames
+        try:
+            _, meta, inner = protocol.decode(frames)
+            return bulk.take(inner, meta, self.max_message)
+        except (ProtocolError, bulk.BulkError) as e:
+            log.warning("dropped a message whose large frames could not be taken from shared memory; its "
+                        "sender sends it again (set REGENT_BULK_BYTES=0 on both sides if this host's "
+                        "processes do not share /dev/shm)", peer=peer_of(frames[0]), error=str(e))
+            return None
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -211,6 +222,8 @@ class Peer:
         self._dirty = dirty  # the owner's set of peers with something queued
         self.max_message = max_message_bytes()  # what the peer accepts, as far as we know
         self._batch_bytes = protocol.batch_bytes(self.max_message)
+        # Frames this large go out of band, through shared memory, to a peer on this host.
+        self._bulk = bulk.bulk_bytes() if bulk.is_local(address) else 0
         self.sock = ctx.socket(zmq.PUSH)
         secure_client(self.sock, creds)
         self.sock.sndhwm = HWM
@@ -235,14 +248,26 @@ class Peer:
             self._send_locked(frames, alive)
 
     def _send_locked(self, frames: list, alive: Callable[[], bool] | None) -> None:
+        out = self._out(frames)
         while True:
             try:
-                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                self.sock.send_multipart(out, flags=zmq.NOBLOCK, copy=False)
                 return
             except zmq.Again:
                 if alive is not None and not alive():
+                    if out is not frames:
+                        bulk.discard(out)
                     raise PeerGone(f"peer {self.address} is gone") from None
                 self.sock.poll(50, zmq.POLLOUT)
+
+    def _out(self, frames: list) -> list:
+        """The frames to send: `frames`, or their BULK envelope (wire.bulk)."""
+        if not self._bulk or len(frames) < 2:
+            return frames
+        for f in frames:
+            if len(f) >= self._bulk:
+                return bulk.export(frames, self._bulk, self.address)
+        return frames
 
     def try_send(self, frames: list) -> bool:
         """Send without waiting; False if the peer's queue is full. MessageTooLarge as `send`."""
@@ -250,10 +275,13 @@ class Peer:
         with self.lock:
             if self._queued and not self._flush_locked(False):
                 return False
+            out = self._out(frames)
             try:
-                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                self.sock.send_multipart(out, flags=zmq.NOBLOCK, copy=False)
                 return True
             except zmq.Again:
+                if out is not frames:
+                    bulk.discard(out)
                 return False
 
     def _refuse_oversized(self, frames: list) -> None:
@@ -332,6 +360,8 @@ class Peer:
         with self.lock:
             self._clear_queue()
             self.sock.close(linger=0)
+        if self._bulk:
+            bulk.forget(self.address)  # what it never took will not be taken
 
 
 def context(sockets: int = 0) -> zmq.Context:

@@ -28,7 +28,7 @@ import zmq
 
 from regent import wire
 from regent.hipcore.ports import free_port, listen_port
-from regent.wire import Kind, ProtocolError, schema, split_batch
+from regent.wire import Kind, ProtocolError, bulk, schema, split_batch
 from regent.wire.security import load_credentials, regent_home, stop_authenticator
 from regent.wire.transport import RECEIVER_MAX_PEERS, Inbox, Outbox, context, peer_of, valid_address
 from regent.worker import discovery
@@ -47,6 +47,8 @@ from regent.worker._warm import _WarmPool
 from regent.worker.fencing import EpochFence, FenceStore
 
 log = structlog.get_logger("regent.host")
+
+SWEEP_EVERY_S = 5.0
 
 PROC_START_TIMEOUT_S = 60.0
 SOCKETS_PER_HOLLOW_PROC = 16  # its inbox and the peers it answers, in the agent's zmq context
@@ -86,6 +88,7 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
             from regent.worker.hollow import HollowProcs
 
             self.hollow = HollowProcs(hollow, self.ctx)
+        self.next_sweep = 0.0
         self._init_forking(not hollow)  # procs forked from zygotes unless REGENT_FORK=0 (worker/_forking.py)
 
     def _bind(self, bind_host: str, port: int, succeeds: dict | None) -> Inbox:
@@ -135,6 +138,10 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
             self._after_adoption()
             self._check_spawn_timeouts()
             self._stop_orphans()
+            if time.monotonic() >= self.next_sweep:  # large frames a dead process left in /dev/shm
+                self.next_sweep = time.monotonic() + SWEEP_EVERY_S
+                if swept := bulk.sweep():
+                    log.info("removed shared-memory segments of dead processes", segments=swept)
             if self._idle():
                 log.info("host agent idle, exiting", idle_s=self.idle_exit_s)
                 break

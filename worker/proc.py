@@ -33,7 +33,7 @@ import structlog
 import zmq
 
 from regent import wire
-from regent.wire import Kind, ProtocolError, schema
+from regent.wire import Kind, ProtocolError, bulk, schema
 from regent.wire.security import load_credentials, stop_authenticator
 from regent.wire.transport import (
     RECEIVER_MAX_PEERS,
@@ -218,7 +218,8 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
             frames = self.inbox.sock.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
-        if self.inbox.accept(frames):
+        frames = self.inbox.admit(frames)
+        if frames is not None:
             self._handle(frames)
             if self.waiters:  # the answer a sync endpoint waits for may have come
                 self.waiters.check()
@@ -277,6 +278,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
             return
         if meta.get("rv") is True:
             self._answer_through_agent(meta.get("rt"))
+        controller = self.core.log_to
         for effect in self.core.receive(kind, meta, payload):
             if isinstance(effect, Reply):
                 self._reply(effect.rt, effect.kind, effect.meta, effect.frames)
@@ -286,6 +288,8 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
                 self._on_restart(effect) if effect.restart else self._on_spawn(effect)
             else:
                 self._on_stop(effect)
+        if controller is not None and self.core.log_to != controller:
+            bulk.forget(controller)  # a new controller: the deposed one takes no more large frames
 
     # --- calls -------------------------------------------------------------------
 
