@@ -43,6 +43,18 @@ def start_ticks(pid: int) -> int | None:
     return round((created - boot) * _CLOCK_TICKS)
 
 
+def host_agent_of(pid: int) -> int | None:
+    """The pid of the host agent that started process `pid`: its parent, or the parent of the
+    zygote it was forked from (worker/zygote.py). None if either is gone."""
+    try:
+        parent = psutil.Process(pid).parent()
+        if parent is not None and "regent.worker.zygote" in parent.cmdline():
+            parent = parent.parent()
+        return None if parent is None else parent.pid
+    except psutil.Error:
+        return None
+
+
 @dataclass(frozen=True)
 class ProcInfo:
     """A running regent proc (`python -m regent.worker.proc`) of this user, from its command line."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from regent import Actor, RestartPolicy, Session, SupervisionError, context, endpoint
+from regent.worker.procinfo import host_agent_of
 from tests.support.loopback import loopback_agents, stop_then_kill, supervision_records
 
 TTL_S = 1.0
@@ -35,7 +36,7 @@ class Rank(Actor):
 
     @endpoint
     def parent(self) -> int:
-        return os.getppid()
+        return host_agent_of(os.getpid())  # its parent, or its zygote's
 
 
 @pytest.fixture

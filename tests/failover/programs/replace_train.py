@@ -13,6 +13,7 @@ from common import note_leader, session_from_env
 
 from regent import RestartPolicy, SupervisionError
 from regent.worker import Actor, context, endpoint
+from regent.worker.procinfo import host_agent_of
 
 
 class Trainer(Actor):
@@ -23,7 +24,7 @@ class Trainer(Actor):
 
         t = torch.full((4,), float(context().rank + 1))
         dist.all_reduce(t)
-        return float(t[0]), os.getppid()
+        return float(t[0]), host_agent_of(os.getpid())  # its parent, or its zygote's
 
 
 steps = int(os.environ.get("REGENT_TEST_STEPS", "8"))
