@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -62,6 +63,34 @@ def test_a_larger_journal_value_limit_journals_the_value_so_any_standby_replays_
     standby = _run("standby", session, journal, **env)
     assert standby.returncode == 0, standby.stderr[-2000:]
     assert _digest(standby.stdout) == _digest(primary.stdout)
+
+
+@pytest.mark.parametrize("mode", ["primary", "primary-outstanding"])
+def test_a_large_tensor_result_through_shared_memory_survives_a_failover_and_leaves_no_segment(journal, mode):
+    """The result travels through /dev/shm (wire.bulk): read by the primary, or still being made
+    when the primary dies. The standby gets the same bytes (the journal keeps their digest) or
+    the value the call made, and no segment of the primary or of the proc is left behind."""
+    from regent.wire import bulk
+
+    session = f"big-tensor-{mode}-{os.getpid()}"
+    env = {"BLOB": "tensor", "DELAY": "2.0" if mode == "primary-outstanding" else "0"}
+    primary = _run(mode, session, journal, **env)
+    proc = int(re.search(r"PROC (\d+)", primary.stdout).group(1))
+    standby = _run("standby", session, journal, **env)
+    assert standby.returncode == 0, standby.stderr[-2000:]
+    if mode == "primary":
+        assert primary.returncode == 0 and _digest(standby.stdout) == _digest(primary.stdout)
+    else:
+        assert primary.returncode == -9 and "DIGEST" not in primary.stdout and "DIGEST" in standby.stdout
+    assert f"PROC {proc}" in standby.stdout  # the same proc served both
+    deadline = time.monotonic() + 20  # the proc stops with the session; the agent sweeps the dead
+    while left := bulk.held(proc) + bulk.held(primary_pid(primary)):
+        assert time.monotonic() < deadline, f"segments left in /dev/shm: {left}"
+        time.sleep(0.2)
+
+
+def primary_pid(run: subprocess.CompletedProcess) -> int:
+    return int(re.search(r"PID (\d+)", run.stdout).group(1))
 
 
 def test_a_journal_value_limit_below_the_workers_is_refused():
