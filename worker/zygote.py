@@ -23,6 +23,7 @@ import ctypes
 import importlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -38,8 +39,9 @@ log = structlog.get_logger("regent.host")
 
 ROOM = 8192  # bytes of the zygote's command line a forked proc rewrites into its own
 MAX_MESSAGE = 256 * 1024
-PRELOADABLE = ("numpy", "torch")  # imported by a zygote when the controller has: safe before fork
-_STARTUP_ENV = ("PYTHON", "LD_", "MALLOC")  # read as an interpreter starts: part of a zygote's key
+PRELOADABLE = ("numpy", "torch")  # preloaded when the controller has imported them: safe before fork
+_STARTUP_ENV = ("PYTHON", "LD_", "MALLOC")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # read as an interpreter starts: part of a zygote's key
 
 
 def forking_enabled() -> bool:
@@ -48,8 +50,16 @@ def forking_enabled() -> bool:
 
 
 def wanted_preload() -> list[str]:
-    """What a controller asks its hosts' zygotes to import: the heavy modules it uses itself."""
-    return [m for m in PRELOADABLE if m in sys.modules]
+    """What a controller asks its hosts' zygotes to import: the heavy modules it uses itself,
+    and those $REGENT_PRELOAD names (comma-separated: modules its actors import that it does
+    not, `torch,torch.distributed` say; each must be safe to import before a fork, as torch
+    and numpy are: no thread or GPU context started at import)."""
+    named = [m.strip() for m in os.environ.get("REGENT_PRELOAD", "").split(",") if m.strip()]
+    for m in named:
+        if not _MODULE.fullmatch(m):
+            raise ValueError(f"REGENT_PRELOAD names {m!r}, which is not a module name (comma-separated, "
+                             "e.g. REGENT_PRELOAD=torch,torch.distributed)")
+    return sorted({m for m in PRELOADABLE if m in sys.modules} | set(named))
 
 
 class ForkError(RuntimeError):
@@ -350,8 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     import regent.worker.proc  # noqa: F401 - what every proc imports, once
 
     for name in a.preload:
-        if name not in PRELOADABLE:
-            log.warning("zygote will not preload a module it does not know to be fork-safe", module=name)
+        if not _MODULE.fullmatch(name):
+            log.warning("zygote dropped a preload that is not a module name", module=name[:200])
             continue
         started = time.monotonic()
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +31,10 @@ class Probe(Actor):
         return {"pid": os.getpid(), "ppid": os.getppid(), "rank": os.environ.get("REGENT_PROC_RANK"),
                 "seed": torch.initial_seed(),
                 "sid": os.getsid(0)}
+
+    @endpoint
+    def has(self, module: str) -> bool:
+        return module in sys.modules
 
     @endpoint
     def exit_with(self, code: int) -> None:
@@ -159,3 +164,19 @@ def test_regent_fork_0_starts_every_proc_as_a_fresh_process(own_home):
         agent = agent_record(home)["pid"]
         assert {w["ppid"] for w in who} == {agent}
         assert sorted(host_processes(agent)) == sorted(w["pid"] for w in who)  # no zygote
+
+
+def test_regent_preload_names_modules_the_zygote_imports_for_the_actors(own_home):
+    own_home(REGENT_FORK="1", REGENT_PRELOAD="email.mime.text, tomllib")
+    with Session("fork-preload", journal="off") as s:
+        mesh = s.spawn_procs(per_host={"procs": 2}).spawn("p", Probe)
+        assert all(mesh.has.call("email.mime.text").get(timeout=60).values())
+        assert all(mesh.has.call("tomllib").get(timeout=60).values())
+        assert not any(mesh.has.call("xml.dom.minidom").get(timeout=60).values())
+
+
+def test_a_preload_that_is_not_a_module_name_is_refused_in_the_controller(own_home, monkeypatch):
+    own_home(REGENT_FORK="1")
+    monkeypatch.setenv("REGENT_PRELOAD", "torch;rm -rf /")
+    with pytest.raises(ValueError, match="REGENT_PRELOAD"):
+        wanted_preload()
