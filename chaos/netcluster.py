@@ -29,6 +29,7 @@ from regent.journal.hosts import HostRecord, registered_hosts
 # The folder that holds regent/ (a checkout, or site-packages): every host's processes import it.
 REPO = Path(str(sys.modules["regent"].__file__)).resolve().parents[1]
 HOST_TTL_S = 2.0
+_HOST_TUNING = ("REGENT_FORK", "REGENT_PRELOAD", "REGENT_BULK_BYTES")  # passed on to the hosts' agents
 
 
 class MultiHost:
@@ -97,7 +98,8 @@ class MultiHost:
 
     def env(self, name: str, **extra: str) -> dict[str, str]:
         """The environment of a process on host `name`."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_")}
+        # This process's regent settings stay here, but for how hosts start and feed their procs.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_") or k in _HOST_TUNING}
         env.update({
             "REGENT_HOME": str(self.home(name)), "REGENT_SECURE": "1", "REGENT_HIPCORE_BACKEND": "cpu",
             "REGENT_CLUSTER": self.cluster, "REGENT_JOURNAL": self.url, "PYTHONUNBUFFERED": "1",
