@@ -60,6 +60,19 @@ def mark(cfg: Config, event: str, **fields: object) -> None:
 
 def main() -> None:
     cfg = Config.from_env()
+    profile_to = os.environ.get("BENCH_PROFILE")  # a path prefix: cProfile this process to its first live call
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        global mark
+
+        def mark(cfg: Config, event: str, _mark=mark, **fields: object) -> None:  # noqa: F811
+            if event == "live":
+                profiler.disable()
+                profiler.dump_stats(f"{profile_to}.{os.getpid()}.prof")
+            _mark(cfg, event, **fields)
     with Session(cfg.session, journal=cfg.journal, lease_ttl_s=cfg.ttl) as s:
         returned = time.time()
         # Session() records when the campaign was won on the monotonic clock; map it to wall
