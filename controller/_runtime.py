@@ -513,11 +513,14 @@ class Runtime(_HostTable):
             fut: Future = Future()
             self._requests[n] = fut
             meta = {"sid": self.session, "e": self.epoch, "rt": self.reply_address, "n": n}
+            if self.relay:
+                meta["rv"] = True  # answered through the host's agent, as calls are: one batch per host
             try:
-                self.send_to_proc(proc, wire.encode(Kind.FENCE, meta))
+                self.queue_to_proc(proc, wire.encode(Kind.FENCE, meta))  # batched per peer (per host, relayed)
                 waits.append((proc, n, fut))
             except PeerGone:
                 self._requests.pop(n, None)
+        self.flush()
         deadline = time.monotonic() + timeout
         for proc, n, fut in waits:
             if not fut.wait(max(0.0, deadline - time.monotonic())):

@@ -113,6 +113,7 @@ class Fence(TypedDict):
     e: Epoch
     rt: NotRequired[Address]
     n: NotRequired[RequestId | None]
+    rv: NotRequired[bool]  # came through the proc's host agent: the PONG goes back the same way
 
 
 class Watermark(TypedDict):
