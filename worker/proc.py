@@ -483,15 +483,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0)
 
 
-def preload(modules: list[str]) -> None:
-    """Import what a warm proc's actors will need. A module that fails to import is logged and
-    skipped: the proc still serves, and the actor's own import reports the error then."""
+def preload(modules: list[str], who: str = "a warm proc") -> None:
+    """Import what a warm proc's (or a zygote's) actors will need. A module that fails to import
+    is logged and skipped: the proc still serves, and the actor's own import reports the error then."""
     for name in modules:
         started = time.monotonic()
         try:
             importlib.import_module(name)
         except Exception as e:
-            log.warning("a warm proc could not preload a module", module=name, error=f"{type(e).__name__}: {e}")
+            log.warning(f"{who} could not preload a module", module=name, error=f"{type(e).__name__}: {e}")
         else:
             log.debug("preloaded", module=name, s=round(time.monotonic() - started, 2))
 

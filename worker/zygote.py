@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import importlib
 import json
 import os
 import re
@@ -357,19 +356,12 @@ def main(argv: list[str] | None = None) -> None:
 
     configure_logging()
     sock = socket.socket(fileno=a.fd)
-    import regent.worker.proc  # noqa: F401 - what every proc imports, once
+    from regent.worker import proc  # what every proc imports, once
 
     for name in a.preload:
         if not _MODULE.fullmatch(name):
             log.warning("zygote dropped a preload that is not a module name", module=name[:200])
-            continue
-        started = time.monotonic()
-        try:
-            importlib.import_module(name)
-        except Exception as e:
-            log.warning("zygote could not preload a module", module=name, error=f"{type(e).__name__}: {e}")
-        else:
-            log.info("zygote preloaded", module=name, s=round(time.monotonic() - started, 2))
+    proc.preload([name for name in a.preload if _MODULE.fullmatch(name)], who="a zygote")
     serve(sock, _argv_region())
 
 
