@@ -25,6 +25,7 @@ from regent.wire.security import Credentials, secure_client, secure_server
 log = structlog.get_logger("regent.transport")
 
 HWM = 100_000
+RECONNECT_MAX_MS = 1000
 _EVENTS = int(zmq.EVENTS)  # plain ints: the enum operators cost a microsecond per look
 _POLLIN = int(zmq.POLLIN)
 DEFAULT_SPIN_US = 200.0
@@ -229,6 +230,10 @@ class Peer:
         self.sock.sndhwm = HWM
         self.sock.linger = 0
         self.sock.immediate = False
+        # A peer that is gone is retried at 0.1 s, then less and less often, up to once a second:
+        # an agent or proc outlives many controllers, and without a bound every dead one cost
+        # ten connection attempts a second, forever.
+        self.sock.reconnect_ivl_max = RECONNECT_MAX_MS
         if before_connect is not None:  # e.g. a monitor that must see the first connect too
             before_connect(self)
         try:
