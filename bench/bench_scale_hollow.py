@@ -160,7 +160,8 @@ def takeover(hosts: Hosts, work: Path, procs: int, per_host: int, runs: int, ttl
     from bench_failover import Programs, find_mark, program_env, wait_for
 
     programs = Programs(work)
-    out = []
+    out: list[dict[str, float]] = []
+    failed: list[str] = []
     try:
         for r in range(runs):
             session = f"takeover-{procs}-{r}-{uuid.uuid4().hex[:4]}"
@@ -170,7 +171,16 @@ def takeover(hosts: Hosts, work: Path, procs: int, per_host: int, runs: int, ttl
                               BENCH_PER_HOST=str(per_host))
             logs = [work / f"{session}.{k}.log" for k in range(2)]
             started = [programs.start(env, log) for log in logs]
-            first = wait_for(lambda m=marks: find_mark(m, "live", standby=False), 300, "no primary went live")
+            try:
+                first = wait_for(lambda m=marks: find_mark(m, "live", standby=False), 300, "no primary went live")
+            except TimeoutError as e:  # e.g. the primary lost its short lease while 1,024 procs started
+                for p in started:  # the one that took over ends the session, so its procs stop
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(120)
+                programs.reap(started)
+                failed.append(f"run {r}: {e}; see {logs[0].name}, {logs[1].name}")
+                note(f"takeover {r}: void ({e})")
+                continue
             primary = next(p for p in started if p.pid == first["pid"])
             standby = next(p for p in started if p is not primary)
             log = logs[started.index(standby)]
@@ -188,8 +198,8 @@ def takeover(hosts: Hosts, work: Path, procs: int, per_host: int, runs: int, ttl
             note(f"takeover {r}: {out[-1]}")
     finally:
         programs.close()
-    return {"procs": procs, "hosts": procs // per_host, "lease_ttl_s": ttl, "runs": out,
-            "total_s_p50": round(statistics.median(o["total_s"] for o in out), 3)}
+    return {"procs": procs, "hosts": procs // per_host, "lease_ttl_s": ttl, "runs": out, "void_runs": failed,
+            "total_s_p50": round(statistics.median(o["total_s"] for o in out), 3) if out else None}
 
 
 def main(argv: list[str] | None = None) -> None:
