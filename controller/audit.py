@@ -264,6 +264,7 @@ class AuditEdge:
     """The journal-only edge a program's Session gets inside an audit (see the module docstring)."""
 
     audit = True
+    catching_up = False
     journaled = False  # nothing an audit sees is to be written
     holder = "audit"
     waited = False

@@ -159,35 +159,57 @@ class LiveEdge:
     """A real session's IO: it campaigns, reads the journal, writes it, and talks to workers."""
 
     audit = False
+    catching_up = False  # controller/catchup.py: a standby running its program before it leads
 
     def __init__(self, name: str, journal: str | None, *, lease_ttl_s: float | None = None,
                  campaign_timeout: float | None = None, links: Any = None,
                  orphan_timeout_s: float | None = None, metrics: ControllerMetrics | None = None):
+        self._open(name, journal, lease_ttl_s, links, orphan_timeout_s, metrics)
+        lead = self._campaign(campaign_timeout)
+        try:
+            previous = ReplayIndex(self.journal.read(name))
+        except BaseException:
+            self.journal.close()  # resigns: a damaged journal must not stay led by a dead Session
+            raise
+        self._led(lead, previous)
+
+    def _open(self, name: str, journal: str | None, lease_ttl_s: float | None, links: Any,
+              orphan_timeout_s: float | None, metrics: ControllerMetrics | None) -> None:
+        """What the edge is before it campaigns: the store, who it is, where it is reached."""
         self.name = name
         self.metrics = metrics
-        ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))
+        self._ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))
         self.journal = NoJournal() if journal == "off" else open_journal(journal)
         self.journal_url = self.journal.url
+        self.journaled = journal != "off"
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.waited = False
         self.upgrade_asked: tuple[float, int] | None = None  # (when, the epoch asked to hand over)
         # Where workers and standbys reach this controller: its inbox and its liveness beacon.
         self.address = controller_address(self.journal_url, secure_requested())
         self._presence: StandbyPresence | None = None  # while standing by: its record in the store
+        self._clusters: ClusterHosts | None = None
+        self._links = links
+        self._orphan_timeout_s = orphan_timeout_s
+        self._gc_frozen = False
+        self._handover: HandoverWatch | None = None
+
+    def _campaign(self, timeout: float | None) -> Any:
+        """Lead the session, waiting behind its leader (a standby) as long as it has one."""
         try:
-            self.lead = self.journal.campaign(name, self.holder, ttl_s=ttl, timeout=campaign_timeout,
-                                              on_waiting=self._on_waiting,
-                                              beacon_host=None if self.address == "127.0.0.1" else self.address)
+            return self.journal.campaign(self.name, self.holder, ttl_s=self._ttl, timeout=timeout,
+                                         on_waiting=self._on_waiting,
+                                         beacon_host=None if self.address == "127.0.0.1" else self.address)
         finally:
             if self._presence is not None:
                 self._presence.stop()
+
+    def _led(self, lead: Any, previous: ReplayIndex) -> None:
+        """This controller leads: `previous` is the journal as it found it."""
+        name = self.name
+        self.lead = lead
         self.takeover_at = time.monotonic()
         self.epoch = self.lead.epoch
-        try:
-            previous = ReplayIndex(self.journal.read(name))
-        except BaseException:
-            self.journal.close()  # resigns: a damaged journal must not stay led by a dead Session
-            raise
         if self.waited and previous.ended:
             # The primary this process stood by for finished the run: there is nothing to
             # take over, and starting the program again would run every call a second time.
@@ -208,13 +230,7 @@ class LiveEdge:
         self.replay: ReplayIndex | None = previous if resuming else None
         self.run_id = previous.run if resuming else secrets.token_hex(4)
         self.sid = f"{name}.{self.run_id}"
-        self.journaled = journal != "off"
-        self._clusters: ClusterHosts | None = None
-        self._links = links
-        self._orphan_timeout_s = orphan_timeout_s
-        self._gc_frozen = False
-        self._handover: HandoverWatch | None = None
-        if self.journaled and not self.audit:
+        if self.journaled:
             self._handover = HandoverWatch(self.journal.backend, name, self.epoch, self._on_handover_request)
         if self.upgrade_asked is not None:
             asked_at, old_epoch = self.upgrade_asked
@@ -230,13 +246,17 @@ class LiveEdge:
         if self.journal_url != "off":  # listed by `regent status` and the dashboard while it waits
             self._presence = StandbyPresence(self.journal.backend, self.name, self.holder,
                                              {"metrics": None if self.metrics is None else self.metrics.url})
-        if upgrading(self.name):  # `regent upgrade`: this program asks the primary to hand over
-            leader = self.journal.backend.leader(self.name)
-            if leader is not None:
-                self.upgrade_asked = (request_handover(self.journal.backend, self.name, leader[1], self.holder),
-                                      leader[1])
-                log.info("asked the primary to hand the session over", session=self.name, epoch=leader[1],
-                         primary=leader[0])
+        if upgrading(self.name) and not self.catching_up:  # `regent upgrade`: this program asks the
+            self._ask_handover()  # primary to hand over (once caught up, when it catches up first)
+
+    def _ask_handover(self) -> None:
+        """Ask the session's primary, through the store, to hand it over to this program."""
+        leader = self.journal.backend.leader(self.name)
+        if leader is not None:
+            self.upgrade_asked = (request_handover(self.journal.backend, self.name, leader[1], self.holder),
+                                  leader[1])
+            log.info("asked the primary to hand the session over", session=self.name, epoch=leader[1],
+                     primary=leader[0])
 
     def _on_handover_request(self, request: dict) -> None:
         """The store asks this primary to hand over (`regent upgrade`): as SIGTERM does."""
@@ -418,10 +438,11 @@ _edge_factory: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.C
     "regent_edge_factory", default=None)
 
 
-def open_edge(name: str, journal: str | None, **options: Any) -> Any:
-    """The edge a new Session gets: a live one, or the one an audit has installed."""
+def open_edge(name: str, journal: str | None, live: Callable[..., Any] = LiveEdge, **options: Any) -> Any:
+    """The edge a new Session gets: a live one (`live`: LiveEdge, or a class of its), or the
+    one an audit has installed."""
     factory = _edge_factory.get()
-    return LiveEdge(name, journal, **options) if factory is None else factory(name, journal)
+    return live(name, journal, **options) if factory is None else factory(name, journal)
 
 
 @contextlib.contextmanager

@@ -94,11 +94,14 @@ class Lifecycle:
         ((dim, count),) = per_host.items()
         if dim == "hosts" or not isinstance(count, int) or count < 1:
             raise ValueError(f"per_host={per_host}: the count must be a positive int and the dim not 'hosts'")
-        s, runtime = self.s, self.s.runtime
+        s = self.s
         # The hosts themselves are journaled (`this_host`) and may be replaced on replay when
         # a journaled agent is gone; the call is identified by its shape.
         digest = wire.digest([msgpack.packb([len(hosts), dim, count])])
         seq, jc = s._begin("spawn_procs", "", dim, digest)
+        if jc is not None and jc.procs is None and s._catchup is not None:  # what the hosts gave: coming
+            s._catchup.await_journal(lambda: jc.procs is not None)
+        runtime = s.runtime  # the live one, if catching up ended above
         if jc is None:
             s._append(CALL, {"s": seq, "k": "spawn_procs", "a": "", "m": dim, "d": digest, "pts": []})
         if jc is not None and jc.procs is not None:
@@ -216,6 +219,8 @@ class Lifecycle:
         if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
             raise ValueError(f"hosts={hosts!r}: grow by a positive number of hosts")
         s = self.s
+        if s._catchup is not None:  # a grow is not caught up: taken as the new leader
+            s._catchup.lead_now()
         s._shapes.adopt(s)
         clusters = s._edge.clusters()
         where = clusters.host_at(shape.procs[0].host) if shape.procs else None
@@ -262,6 +267,8 @@ class Lifecycle:
         is not: its policy brings it back. Replaying, the leader's decision stands: a spawn of the
         name journaled next, or (none) a refusal, which its program may have caught."""
         if self.s.replaying:
+            if self.s._catchup is not None:
+                self.s._catchup.at_next_seq()
             jc = self.s._engine.next_journaled()
             if jc is not None:
                 return jc.kind == "spawn" and jc.actor == name
@@ -288,7 +295,10 @@ class Lifecycle:
 
     def stop_procs(self, procs: list[ProcRef], reason: str) -> None:
         """Stop these procs and the actors on them; supervision does not bring them back."""
-        s, runtime = self.s, self.s.runtime
+        s = self.s
+        if s._catchup is not None:  # it asks host agents even replayed: taken as the new leader
+            s._catchup.lead_now()
+        runtime = s.runtime
         digest = wire.digest([msgpack.packb([p.key for p in procs])])
         seq, jc = s._begin("stop_procs", "", "stop_procs", digest)
         if jc is None:

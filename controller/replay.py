@@ -180,6 +180,10 @@ class ReplayIndex:
 
     def __init__(self, records: Iterable[Any] = ()):
         self._reset()
+        self.extend(records)
+
+    def extend(self, records: Iterable[Any]) -> None:
+        """Index more records, in the journal's order (a catching-up standby's tail)."""
         # Indexing builds many small objects and no cycles: the cyclic collector would
         # only rescan them, more than halving the rate (measured: 75-85k -> 180-230k/s).
         gc_was_on = gc.isenabled()

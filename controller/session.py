@@ -24,11 +24,13 @@ import structlog
 
 from regent import wire
 from regent.controller._runtime import RESEND_FIRST_S
+from regent.controller.catchup import CatchUpEdge, wants_catchup
 from regent.controller.checkpoints import Checkpoints
 from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
 from regent.controller.edge import (
     Handoff,
+    LiveEdge,
     RunFinished,
     journal_value_limit,
     open_edge,
@@ -115,7 +117,8 @@ class Session:
         self._log = structlog.get_logger("regent.program").bind(session=name)
         self._metrics = _open_metrics(name, metrics)
         try:
-            edge = self._edge = open_edge(name, journal, lease_ttl_s=lease_ttl_s, campaign_timeout=campaign_timeout,
+            edge = self._edge = open_edge(name, journal, CatchUpEdge if wants_catchup(name, journal) else LiveEdge,
+                                          lease_ttl_s=lease_ttl_s, campaign_timeout=campaign_timeout,
                                           links=links, orphan_timeout_s=orphan_timeout_s, metrics=self._metrics)
         except BaseException:
             if self._metrics is not None:
@@ -124,16 +127,14 @@ class Session:
         self.journal_url, self.holder, self.epoch = edge.journal_url, edge.holder, edge.epoch
         self.run_id, self.sid, self.takeover_at = edge.run_id, edge.sid, edge.takeover_at
         self._engine = Engine(edge.sid, edge.replay, journaled=edge.journaled, value_limit=journal_value_limit())
+        self._engine.replaying |= edge.catching_up  # until it leads, every seq waits for its record
         self._faults = Faults(on_unhandled_fault, edge.replay)
         self._drive = Drive()  # who steps the engine: this thread, or the runtime's IO thread
         self._recorder = Recorder(self._engine, on_gone=self._actor_gone)
         edge.connect(self._engine.core, self._drive, self._recorder, on_failure=self._on_journal_failed,
                      on_lost=self._on_leadership_lost)
-        self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
-        self.runtime, self._supervisor = edge.runtime, edge.supervisor
-        self._supervisor.on_unhandled = self._faults.seen
-        self._shapes = self._supervisor.shapes = Shapes(edge.replay)
-        self.runtime.quiet = lambda: self._engine.replaying
+        self._shapes = Shapes(edge.replay)
+        self._wire_edge()
         self._loop: Any = None  # the event loop of s.run, while it runs
         self._lifecycle = Lifecycle(self)
         self._ports: ControllerPorts | None = None
@@ -141,7 +142,24 @@ class Session:
         self._singletons: dict[str, ActorMesh] = {}  # get_or_spawn_controller's actors, by name
         offer_program(self)  # this_proc(), Channel.open() and Port.send in this program
         self._checkpoints = Checkpoints(self)
-        self._get_hook, self._flush_hook, self._decode_hook = self._get, self.runtime.flush, self._engine.decode
+        self._get_hook, self._flush_hook, self._decode_hook = self._get, self._flush, self._engine.decode
+
+    def _wire_edge(self) -> None:
+        """Take the edge's store, writer, runtime and supervisor: as the session starts, and
+        again when a catching-up standby (controller/catchup.py) goes live."""
+        edge = self._edge
+        self.journal, self.lead, self.writer = edge.journal, edge.lead, edge.writer
+        self.runtime, self._supervisor = edge.runtime, edge.supervisor
+        self.epoch, self.takeover_at = edge.epoch, edge.takeover_at
+        self._supervisor.on_unhandled = self._faults.seen
+        self._supervisor.shapes = self._shapes
+        self.runtime.quiet = lambda: self._engine.replaying
+        self._catchup = edge if edge.catching_up else None
+        if self._catchup is not None:
+            self._catchup.bind(self)
+
+    def _flush(self) -> None:
+        self.runtime.flush()
 
     # --- what the program and tools read -----------------------------------------------
 
@@ -198,6 +216,11 @@ class Session:
                         failures=self._faults.undelivered())
         if self._edge.audit:
             self._edge.finish(self, error)
+            return
+        if self._catchup is not None:  # it never led: nothing to end, stop or hand back
+            self._edge.close(deposed=True)
+            if self._metrics is not None:
+                self._metrics.close()
             return
         deposed = self._lost is not None or isinstance(error, (LeadershipLost, FencedError))
         try:
@@ -308,6 +331,8 @@ class Session:
         """Take the next seq for a side effect on the proc processes `targets` (None: a host
         agent or the journal), once what it rests on is durable; its journal record, if any."""
         self._check_live()
+        if self._catchup is not None:
+            self._catchup.at_next_seq()  # its record is journaled, or this controller leads
         faults = self._faults
         if faults.live or faults.replayed:  # failures nothing handles: the program's hook, first
             faults.deliver(self)
@@ -500,6 +525,8 @@ class Session:
     def _patch_marker(self, change_id: str, deprecated: bool) -> bool:
         self._check_live()
         engine = self._engine
+        if self._catchup is not None:
+            self._catchup.at_next_seq()
         with self._drive.lock:
             jc = engine.next_journaled()
         if jc is not None and not (jc.kind == PATCH and jc.method == change_id):

@@ -7,6 +7,7 @@ is journaled too, and a replay raises it where the program saw it.
 
 from __future__ import annotations
 
+import functools
 import queue
 import time
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ def stream_results(s: Session, sink: StreamSink, timeout: float | None = None) -
     deadline = None if timeout is None else time.monotonic() + timeout
     for i in range(len(sink.view.ranks)):
         s.runtime.flush()
+        if s._catchup is not None:  # the journal's pick (or timeout) and its result, or it leads
+            s._catchup.await_journal(functools.partial(_journaled_pick, s, call, i))
         with drive:
             rank = engine.stream_pick(call.seq, i)
             replayed_timeout = rank is None and engine.replayed_timeout(call.seq)
@@ -54,3 +57,12 @@ def stream_results(s: Session, sink: StreamSink, timeout: float | None = None) -
         with drive:
             value = engine.decode(call, outcome)  # an error outcome raises it here
         yield point_of(sink.view.dims, index[rank]), value
+
+
+def _journaled_pick(s: Session, call: Any, i: int) -> bool:
+    """Whether the journal holds the stream's i-th pick with its result, or its next timeout."""
+    engine = s._engine
+    rank = engine.stream_pick(call.seq, i)
+    if rank is None:
+        return (call.seq, "timeout", engine.timeouts.get(call.seq, 0)) in engine.replay.obs
+    return rank in call.results
