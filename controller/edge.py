@@ -130,14 +130,16 @@ def _raise_handoff(signum: int, frame: Any) -> None:
         if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
             break  # the program's own code
         frame = frame.f_back
+    _handoff_pending = True  # and at every later safe point (raise_pending_handoff)
     raise Handoff(_HANDOFF)
 
 
 def raise_pending_handoff() -> None:
-    """Raise the Handoff a SIGTERM deferred, if one did (a safe point of the session's)."""
-    global _handoff_pending
+    """Raise the Handoff a SIGTERM deferred, if one did (a safe point of the session's). Once
+    raised it stays raised: another task of an async program (or another thread) that makes a
+    session call after the hand-over began gets it too, rather than journal a call the standby
+    taking over would not make at that point."""
     if _handoff_pending:
-        _handoff_pending = False
         raise Handoff(_HANDOFF)
 
 
@@ -176,6 +178,8 @@ class LiveEdge:
     def _open(self, name: str, journal: str | None, lease_ttl_s: float | None, links: Any,
               orphan_timeout_s: float | None, metrics: ControllerMetrics | None) -> None:
         """What the edge is before it campaigns: the store, who it is, where it is reached."""
+        global _handoff_pending
+        _handoff_pending = False  # a hand-over of an earlier session of this process is over
         self.name = name
         self.metrics = metrics
         self._ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))

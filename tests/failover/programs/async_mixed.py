@@ -6,7 +6,7 @@ expires on a slow call, and sleeps. Each task's observations go, in the order th
 them, to $REGENT_TEST_OBS_DIR/<pid>.obs; a line is written once a later call has been issued
 (the session makes that call wait until what the program saw before it is durable), so a
 killed primary's file holds only what any standby must see again. Configured like mixed.py
-(REGENT_TEST_SESSION, _JOURNAL, _STEPS, _LEADER_FILE, _TTL); REGENT_TEST_CHANGE_AT makes the
+(REGENT_TEST_SESSION, _JOURNAL, _STEPS, _LEADER_FILE, _TTL, _STEP_S); REGENT_TEST_CHANGE_AT makes the
 fast loop call another endpoint at that step. Prints one JSON line: observations and each
 actor's execution counts.
 """
@@ -17,11 +17,15 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 from common import note_leader, session_from_env
 
 from regent.controller import Session
 from regent.worker import Actor, endpoint
+
+
+PACE_S = float(os.environ.get("REGENT_TEST_STEP_S", "0"))  # a pause after each live fast step
 
 
 class Worker(Actor):
@@ -79,6 +83,7 @@ async def program(s: Session, fast, slow, nap, steps: int, change_at: int, obs: 
             await queue.put(i)
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
+                time.sleep(PACE_S)  # blocks the loop: a live run a test can catch midway
         await queue.put(-1)
 
     async def slow_loop() -> None:

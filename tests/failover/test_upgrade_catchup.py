@@ -1,0 +1,129 @@
+"""The program `regent upgrade` starts catches up with the running session before it leads
+(controller/catchup.py): it replays the journal as the primary goes on writing it, asks for the
+hand-over once at its end, and goes live there; or takes over at its end when the primary dies
+instead. Real controllers and workers, SQLite and etcd."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from regent.controller.replay import CALL, CALLS, PROGRAM
+from regent.journal import open_journal
+from tests.failover.harness import PROGRAMS, Cluster, check_exactly_once
+from tests.failover.test_upgrade import STEPS, _start_upgrade, _v1_held
+
+CAUGHT_UP = "caught up with the journal; asking the primary to hand over"
+LEADING = "caught up and leading; the program goes on live"
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no {text!r} (exit {proc.poll()}):\n{path.read_text()[-3000:]}")
+        time.sleep(0.01)
+
+
+def _live_calls_after(journal: str, session: str) -> int:
+    """Calls journaled after the new program's PROGRAM record: what it ran live."""
+    with open_journal(journal) as j:
+        records = list(j.read(session))
+    at = max(i for i, r in enumerate(records) if r.kind == PROGRAM)
+    return sum(1 for r in records[at:] if r.kind == CALL) + sum(
+        sum(1 for item in r.data["items"] if len(item) in (7, 8)) for r in records[at:] if r.kind == CALLS)
+
+
+def test_mixed_calls_are_caught_up_with_a_running_primary_and_each_runs_once(tmp_path, journal_url) -> None:
+    # The primary is not held: it goes on calling (calls, broadcasts, choose, streams, slices)
+    # while the new program follows the journal, and hands over at its next call once asked.
+    c = Cluster(f"cu-{os.urandom(3).hex()}", journal_url, tmp_path, steps=40,
+                extra_env={"REGENT_TEST_STEP_S": "0.05", "PYTHONPATH": str(PROGRAMS)})
+    primary = c.start()
+    log = tmp_path / "upgrade.err"
+    try:
+        pid = c.wait_leader(1)
+        c.wait_step(pid, 6)
+        up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session, str(PROGRAMS / "mixed.py"),
+                               "--journal", c.journal], env=c.env(), stdout=subprocess.PIPE, stderr=open(log, "w"),
+                              text=True)
+        out, _ = up.communicate(timeout=120)
+        primary_out, _ = primary.communicate(timeout=60)
+    finally:
+        c.stop_all()
+        if "up" in locals() and up.poll() is None:
+            up.kill()
+    err = log.read_text()
+    assert up.returncode == 0, err[-3000:]
+    assert primary.returncode == 0 and not primary_out.strip(), "the primary handed over, its run unfinished"
+    assert CAUGHT_UP in err and LEADING in err and "handed over by the primary of epoch" in err, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["role"] == "standby-took-over"
+    check_exactly_once(result, 40)
+    assert len(set(result["pids"])) == 3
+    assert result["stats"]["replayed"] > 0 and _live_calls_after(c.journal, c.session) > 0
+
+
+def test_a_catching_up_program_takes_over_at_the_journals_end_when_the_primary_dies(tmp_path, journal_url) -> None:
+    k = 5
+    c, v1, hold = _v1_held(tmp_path, journal_url, k)
+    log = tmp_path / "upgrade.err"
+    up = _start_upgrade(c, "v2", log)
+    try:
+        _wait_for(log, CAUGHT_UP, up)  # it replayed v1's steps and waits at the journal's end
+        v1.send_signal(signal.SIGKILL)  # held after step k, with no call in flight: it never hands over
+        v1.wait()
+        up.wait(timeout=120)
+    finally:
+        c.stop_all()
+        if up.poll() is None:
+            up.kill()
+    err = log.read_text()
+    assert up.returncode == 0, err[-3000:]
+    assert LEADING in err, err[-3000:]
+    result = json.loads(log.with_suffix(".out").read_text().strip().splitlines()[-1])
+    ran = result["ran"]
+    assert [t for t in ran if t.startswith("a")] == [f"a{i}" for i in range(STEPS)]
+    assert [int(t[1:]) for t in ran if t.startswith("x")] == list(range(k, STEPS)), ran
+    assert result["n"] == STEPS + 10 * (STEPS - k) and result["role"] == "standby-took-over"
+
+
+def test_an_async_program_is_caught_up_mid_run_with_the_same_wake_ups(tmp_path, journal_url) -> None:
+    # s.run's tasks, a queue, as_completed, an expiring wait_for and sleeps: the loop's journaled
+    # wake-ups are followed as they are written, and the hand-over lands between two of them.
+    from tests.failover.test_async_failover import STEPS as ASYNC_STEPS
+    from tests.failover.test_async_failover import _check_once, _observed
+
+    obs = tmp_path / "obs"
+    obs.mkdir()
+    c = Cluster(f"cua-{os.urandom(3).hex()}", journal_url, tmp_path, program="async_mixed.py", steps=ASYNC_STEPS,
+                extra_env={"REGENT_TEST_OBS_DIR": str(obs), "PYTHONPATH": str(PROGRAMS), "REGENT_TEST_STEP_S": "0.04"})
+    primary = c.start()
+    log = tmp_path / "upgrade.err"
+    try:
+        pid = c.wait_leader(1)
+        deadline = time.monotonic() + 60
+        while len(_observed(c, pid)) < 10:
+            assert primary.poll() is None and time.monotonic() < deadline, c.log_tail()
+            time.sleep(0.01)
+        up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session,
+                               str(PROGRAMS / "async_mixed.py"), "--journal", c.journal], env=c.env(),
+                              stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        out, _ = up.communicate(timeout=120)
+        primary.wait(timeout=60)
+    finally:
+        c.stop_all()
+        if "up" in locals() and up.poll() is None:
+            up.kill()
+    err = log.read_text()
+    assert up.returncode == 0 and primary.returncode == 0, err[-3000:]
+    assert LEADING in err, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    before = _observed(c, pid)
+    assert before and result["out"][:len(before)] == before, "the new program saw another order than the primary"
+    _check_once(result)
