@@ -24,7 +24,6 @@ from common import note_leader, session_from_env
 from regent.controller import Session
 from regent.worker import Actor, endpoint
 
-
 PACE_S = float(os.environ.get("REGENT_TEST_STEP_S", "0"))  # a pause after each live fast step
 
 
