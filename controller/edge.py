@@ -114,6 +114,7 @@ _REGENT_DIRS = tuple({_PACKAGE + os.sep} | {os.path.realpath(os.path.join(_PACKA
     "controller", "worker", "wire", "journal", "hipcore", "chaos", "cli")})
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib")})
 _handoff_pending = False
+_handoff_confirm: Callable[[], bool] | None = None  # a store-asked hand-over's last check
 
 
 def _raise_handoff(signum: int, frame: Any) -> None:
@@ -121,7 +122,8 @@ def _raise_handoff(signum: int, frame: Any) -> None:
     it called), where an exception between two frames of a message would leave half of it in
     a socket and the next send would complete it with another's frames. There it is raised at
     the next safe point (`raise_pending_handoff`): a session call, or a poll of a wait."""
-    global _handoff_pending
+    global _handoff_pending, _handoff_confirm
+    _handoff_confirm = None  # a SIGTERM hands over whoever asked before
     while frame is not None:  # from the innermost frame out, to the first that is not a library's
         filename = frame.f_code.co_filename
         if filename.startswith(_REGENT_DIRS):
@@ -138,9 +140,18 @@ def raise_pending_handoff() -> None:
     """Raise the Handoff a SIGTERM deferred, if one did (a safe point of the session's). Once
     raised it stays raised: another task of an async program (or another thread) that makes a
     session call after the hand-over began gets it too, rather than journal a call the standby
-    taking over would not make at that point."""
-    if _handoff_pending:
-        raise Handoff(_HANDOFF)
+    taking over would not make at that point. A hand-over the store asked for is checked
+    first (`_handoff_confirm`): its requester may have gone since."""
+    global _handoff_pending, _handoff_confirm
+    if not _handoff_pending:
+        return
+    confirm, _handoff_confirm = _handoff_confirm, None
+    if confirm is not None and not confirm():
+        _handoff_pending = False
+        log.warning("the program that asked for the hand-over no longer stands by (stopped or killed); this "
+                    "primary goes on")
+        return
+    raise Handoff(_HANDOFF)
 
 
 class RunFinished(SystemExit):
@@ -178,8 +189,8 @@ class LiveEdge:
     def _open(self, name: str, journal: str | None, lease_ttl_s: float | None, links: Any,
               orphan_timeout_s: float | None, metrics: ControllerMetrics | None) -> None:
         """What the edge is before it campaigns: the store, who it is, where it is reached."""
-        global _handoff_pending
-        _handoff_pending = False  # a hand-over of an earlier session of this process is over
+        global _handoff_pending, _handoff_confirm
+        _handoff_pending, _handoff_confirm = False, None  # an earlier session's hand-over is over
         self.name = name
         self.metrics = metrics
         self._ttl = lease_ttl_s or float(os.environ.get("REGENT_LEASE_TTL_S", DEFAULT_LEASE_TTL_S))
@@ -264,9 +275,11 @@ class LiveEdge:
 
     def _on_handover_request(self, request: dict) -> None:
         """The store asks this primary to hand over (`regent upgrade`): as SIGTERM does."""
-        global _handoff_pending
+        global _handoff_pending, _handoff_confirm
         log.info("a hand-over was asked for through the store; handing the session over at the next "
                  "session call", session=self.name, by=request["by"])
+        watch = self._handover
+        _handoff_confirm = None if watch is None else (lambda: watch.still_asked(request))
         _handoff_pending = True
 
     @property

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from regent.controller.replay import PROGRAM as PROGRAM_RECORD
+from regent.journal.standbys import standbys
 
 log = structlog.get_logger("regent.upgrade")
 
@@ -67,8 +68,9 @@ def _space(session: str) -> str:
     return f"session:{session}"
 
 
-def _name(epoch: int) -> str:
-    return f"handover-{epoch}"
+def _name(epoch: int, by: str) -> str:
+    """A request's key: one per epoch and requester (a store's value is written once)."""
+    return f"handover-{epoch}-{hashlib.sha256(by.encode()).hexdigest()[:24]}"
 
 
 def upgrading(session: str) -> bool:
@@ -77,29 +79,32 @@ def upgrading(session: str) -> bool:
 
 
 def request_handover(backend: Any, session: str, epoch: int, by: str) -> float:
-    """Ask the primary of `epoch` to hand `session` over to this program; when the request was
-    made (time.time())."""
+    """Ask the primary of `epoch` to hand `session` over to this program (standing by as `by`);
+    when the request was made (time.time())."""
     at = time.time()
-    backend.claim_cluster_value(_space(session), _name(epoch),
+    backend.claim_cluster_value(_space(session), _name(epoch, by),
                                 json.dumps({"by": by, "at": at, "program": THIS_PROGRAM}).encode())
     return at
 
 
 def handover_request(backend: Any, session: str, epoch: int) -> dict | None:
-    """The request to hand over `epoch`, if one was made: {"by": holder, "at": time, "program":
-    {"path", "digest"} | None}. The store's value is untrusted: anything but that shape is taken
-    for no request (and logged)."""
-    raw = backend.cluster_value(_space(session), _name(epoch))
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw)
-        if isinstance(value, dict) and isinstance(value.get("by"), str) and isinstance(value.get("at"), int | float):
-            return {"by": value["by"][:200], "at": float(value["at"]), "program": _program(value.get("program"))}
-    except ValueError:
-        pass
-    log.warning("ignoring a malformed hand-over request in the store", session=session, epoch=epoch,
-                value=raw[:200])
+    """The request to hand over `epoch` of a standby still standing by (its record in the store,
+    journal/standbys.py: a requester that died or was stopped asks nothing any more), if one was
+    made: {"by": holder, "at": time, "program": {"path", "digest"} | None}. The store's values
+    are untrusted: anything but that shape is taken for no request (and logged)."""
+    for standby in standbys(backend, session):
+        by = standby["holder"]
+        raw = backend.cluster_value(_space(session), _name(epoch, by))
+        if raw is None:
+            continue
+        try:
+            value = json.loads(raw)
+            if (isinstance(value, dict) and value.get("by") == by and isinstance(value.get("at"), int | float)):
+                return {"by": by, "at": float(value["at"]), "program": _program(value.get("program"))}
+        except ValueError:
+            pass
+        log.warning("ignoring a malformed hand-over request in the store", session=session, epoch=epoch,
+                    value=raw[:200])
     return None
 
 
@@ -146,13 +151,15 @@ def takeover_check(backend: Any, session: str, index: Any) -> tuple[str | None, 
 
 
 class HandoverWatch:
-    """The primary's side: polls the store every WATCH_INTERVAL_S until a request for its epoch
-    appears, then calls `on_request(request)` once. Store errors are retried (a transient
-    outage must not end the run); `close` stops it."""
+    """The primary's side: polls the store every WATCH_INTERVAL_S for a request for its epoch,
+    and calls `on_request(request)` once per requester. Store errors are retried (a transient
+    outage must not end the run); `close` stops it. `still_asked(request)`, at the moment of
+    handing over: a requester gone since (stopped, killed) is not handed the session."""
 
     def __init__(self, backend: Any, session: str, epoch: int, on_request: Callable[[dict], None]):
         self._backend, self._session, self._epoch = backend, session, epoch
         self._on_request = on_request
+        self._reported: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"regent-handover-{session}", daemon=True)
         self._thread.start()
@@ -169,9 +176,20 @@ class HandoverWatch:
                                 error=str(e))
                 failing = True
                 continue
-            if request is not None:
+            if request is not None and request["by"] != self._reported:
+                self._reported = request["by"]
                 self._on_request(request)
-                return
+
+    def still_asked(self, request: dict) -> bool:
+        """Whether `request`'s requester still stands by asking (one read of the store; if the
+        store does not answer, the hand-over goes ahead as asked)."""
+        try:
+            now = handover_request(self._backend, self._session, self._epoch)
+        except Exception as e:  # noqa: BLE001 - the request was valid when seen
+            log.warning("cannot check the hand-over request again; handing over as asked", session=self._session,
+                        error=str(e))
+            return True
+        return now is not None and now["by"] == request["by"]
 
     def close(self) -> None:
         self._stop.set()

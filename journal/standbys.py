@@ -60,9 +60,12 @@ class StandbyPresence:
         except HostTaken:  # its own record, whose renewal failed while it still lived: take it back
             return self._backend.join_cluster(space, self._holder, self._value, self._ttl_s, replace=self._value)
 
-    def stop(self) -> None:
-        """Withdraw the record (this controller leads now, or gave up); returns at once."""
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Withdraw the record (this controller leads now, or gave up); returns at once, or
+        once it is withdrawn (at most `wait_s`): a process about to exit waits."""
         self._stop.set()
+        if wait_s > 0:
+            self._thread.join(wait_s)
 
 
 def standbys(backend: Backend, session: str) -> list[dict]:

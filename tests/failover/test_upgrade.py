@@ -21,6 +21,7 @@ from pathlib import Path
 
 from regent.controller.upgrade import EXIT_OTHER_PROGRAM, handover_request
 from regent.journal import open_journal
+from regent.journal.standbys import StandbyPresence, standbys
 from tests.failover.harness import PROGRAMS, Cluster
 
 STEPS = 24
@@ -215,10 +216,17 @@ def test_a_controller_steps_aside_for_the_program_a_session_is_handed_to_or_runs
         assert refusal is not None and "runs another program since `regent upgrade`" in refusal
         assert "/jobs/train_v2.py" in refusal and "/jobs/train_v1.py" in refusal
         assert upgrade.takeover_check(backend, "s", SimpleNamespace(program=mine, epochs=[1])) == (None, False)
-        # In the instant of the hand-over the journal has no record yet; the request names the program.
+        # In the instant of the hand-over the journal has no record yet; the request names the
+        # program, while its requester stands by.
         monkeypatch.setattr(upgrade, "THIS_PROGRAM", theirs)
         upgrade.request_handover(backend, "s", 1, "new-holder")
         monkeypatch.setattr(upgrade, "THIS_PROGRAM", mine)
+        assert upgrade.takeover_check(backend, "s", never_upgraded) == (None, False), "no requester stands by"
+        presence = StandbyPresence(backend, "s", "new-holder", {})
+        deadline = time.monotonic() + 10
+        while not standbys(backend, "s"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         refusal, _ = upgrade.takeover_check(backend, "s", never_upgraded)
         assert refusal is not None and "is being handed over to another program" in refusal and "new-holder" in refusal
         # A standby of the program it is handed to may take over, and journals itself as the run's.
@@ -228,3 +236,7 @@ def test_a_controller_steps_aside_for_the_program_a_session_is_handed_to_or_runs
         monkeypatch.setattr(upgrade, "THIS_PROGRAM", mine)
         monkeypatch.setenv(upgrade.UPGRADE_ENV, "s")
         assert upgrade.takeover_check(backend, "s", never_upgraded) == (None, True)
+        # Its requester gone (stopped, or its record expired), the request asks nothing.
+        presence.stop(wait_s=5.0)
+        monkeypatch.delenv(upgrade.UPGRADE_ENV)
+        assert upgrade.takeover_check(backend, "s", never_upgraded) == (None, False)

@@ -127,3 +127,27 @@ def test_an_async_program_is_caught_up_mid_run_with_the_same_wake_ups(tmp_path, 
     before = _observed(c, pid)
     assert before and result["out"][:len(before)] == before, "the new program saw another order than the primary"
     _check_once(result)
+
+
+def test_an_upgrade_stopped_before_the_hand_over_leaves_the_primary_running(tmp_path, journal_url) -> None:
+    # Ctrl-C in `regent upgrade` once it has caught up and asked, while the primary is inside a
+    # long step of its own code: the request goes with the standby's record, the primary checks
+    # it again at its next session call, finds its requester gone, and finishes the run itself.
+    c, v1, hold = _v1_held(tmp_path, journal_url, 4)
+    log = tmp_path / "upgrade.err"
+    up = _start_upgrade(c, "v2", log)
+    try:
+        _wait_for(log, CAUGHT_UP, up)
+        primary_log = c.log_of(v1.pid)
+        _wait_for(primary_log, "a hand-over was asked for through the store", v1)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=30) != 0
+        hold.unlink()
+        result = c.finish(v1)
+    finally:
+        c.stop_all()
+        if up.poll() is None:
+            up.kill()
+    assert "no longer stands by" in primary_log.read_text()
+    assert result["version"] == "v1" and result["role"] == "primary" and result["n"] == STEPS
+    assert result["ran"] == [f"a{i}" for i in range(STEPS)]
