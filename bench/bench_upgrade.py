@@ -44,6 +44,13 @@ PROGRAM = HERE / "programs" / "upgrade_loop.py"
 HANDOVER_TARGET_MS = 100.0  # the issue's bound: the SIGTERM hand-off's today
 # The new program's log line as it asks for the hand-over (structlog's UTC timestamp first).
 ASKED = re.compile(r"^(\S+) \[info\s*\] asked the primary to hand the session over", re.M)
+WON = re.compile(r"^(\S+) \[info\s*\] leading session", re.M)
+LIVE = re.compile(r"^(\S+) \[info\s*\] (?:caught up and leading|replay complete)", re.M)
+
+
+def _stamp(iso: str) -> float:
+    """A structlog timestamp (UTC, ISO 8601) as time.time()."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def _spread(values: list[float], digits: int = 3) -> dict[str, Any]:
@@ -88,7 +95,8 @@ def _upgrade_chain(name: str, url: str, calls: int, runs: int, work: Path, catch
     env = {**os.environ, "BENCH_SESSION": session, "BENCH_JOURNAL": url, "BENCH_CALLS": str(calls),
            "BENCH_MARKS": str(marks), "BENCH_STOP": str(stop), "PYTHONUNBUFFERED": "1"}
     procs: list[subprocess.Popen] = []
-    out: dict[str, Any] = {"check_s": [], "check_wall_s": [], "handover_ms": [], "replay_s": [], "journaled": []}
+    out: dict[str, Any] = {"check_s": [], "check_wall_s": [], "handover_ms": [], "replay_s": [], "journaled": [],
+                           "ask_to_lead_ms": [], "lead_to_live_ms": [], "live_to_call_ms": []}
     try:
         log = work / f"{session}.v1.log"
         v1 = subprocess.Popen([sys.executable, str(PROGRAM)], env={**env, "BENCH_VERSION": "v1"},
@@ -117,8 +125,13 @@ def _upgrade_chain(name: str, url: str, calls: int, runs: int, work: Path, catch
                           up, log)
             asked = ASKED.search(log.read_text())
             assert asked is not None, f"{name}: no hand-over request for epoch {leader[1]}\n{log.read_text()[-3000:]}"
-            at = datetime.fromisoformat(asked.group(1).replace("Z", "+00:00")).timestamp()
+            at = _stamp(asked.group(1))
             out["handover_ms"].append((first["t"] - at) * 1000)
+            won, live = WON.search(log.read_text()), LIVE.search(log.read_text())
+            if won and live:  # where the hand-over's time goes: to the election, to going live, to the call
+                out["ask_to_lead_ms"].append((_stamp(won.group(1)) - at) * 1000)
+                out["lead_to_live_ms"].append((_stamp(live.group(1)) - _stamp(won.group(1))) * 1000)
+                out["live_to_call_ms"].append((first["t"] - _stamp(live.group(1))) * 1000)
             replayed = re.search(r"replayed through seq \d+ \(([\d.]+) s after taking over\)", log.read_text())
             if replayed:
                 out["replay_s"].append(float(replayed.group(1)))
@@ -127,7 +140,9 @@ def _upgrade_chain(name: str, url: str, calls: int, runs: int, work: Path, catch
             current = up
             note(f"{name}: upgrade {i + 1}/{runs}: check {out['check_s'][-1]:.2f} s "
                  f"(wall {out['check_wall_s'][-1]:.2f} s) over {out['journaled'][-1]} calls; hand-over "
-                 f"{out['handover_ms'][-1]:.1f} ms (of which replay {out['replay_s'][-1] if replayed else '?'} s)")
+                 f"{out['handover_ms'][-1]:.1f} ms (of which replay {out['replay_s'][-1] if replayed else '?'} s; "
+                 f"ask->lead {out['ask_to_lead_ms'][-1] if out['ask_to_lead_ms'] else '?':.4g} ms, lead->live "
+                 f"{out['lead_to_live_ms'][-1] if out['lead_to_live_ms'] else '?':.4g} ms)")
         stop.touch()
         current.wait(timeout=120)
     finally:
@@ -137,7 +152,8 @@ def _upgrade_chain(name: str, url: str, calls: int, runs: int, work: Path, catch
             p.wait()
     return {"session": session, "calls": calls, "journaled_calls": out["journaled"],
             "check_s": _spread(out["check_s"]), "check_wall_s": _spread(out["check_wall_s"]),
-            "handover_ms": _spread(out["handover_ms"], 1), "replay_after_takeover_s": _spread(out["replay_s"])}
+            "handover_ms": _spread(out["handover_ms"], 1), "replay_after_takeover_s": _spread(out["replay_s"]),
+            **{k: _spread(out[k], 1) for k in ("ask_to_lead_ms", "lead_to_live_ms", "live_to_call_ms")}}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -176,6 +176,7 @@ class CatchUpEdge(LiveEdge):
         self.waited = True
         self._led(self._won_lead, self.replay)
         super().connect(*self._connect_args)  # fences every worker the journal names
+        connected = time.monotonic()
         live = self.runtime
         with live.drive:
             self._adopt_procs(was_runtime.procs.values())
@@ -196,8 +197,10 @@ class CatchUpEdge(LiveEdge):
         with live.drive:
             sent = self._send_unanswered(s._engine.core.calls.values())
         live.flush()
+        now = time.monotonic()
         log.info("caught up and leading; the program goes on live", session=self.name, epoch=self.epoch,
-                 seq=s._engine.core.next_seq, resent=sent)
+                 seq=s._engine.core.next_seq, resent=sent, connect_ms=round((connected - self.takeover_at) * 1000, 1),
+                 handed_ms=round((now - connected) * 1000, 1))
 
     def _adopt_procs(self, refs: Any) -> None:
         """The procs the replay knows, as the hosts' hellos found them: the same objects the

@@ -362,8 +362,9 @@ class LiveEdge:
 
     def _fence_known_workers(self) -> None:
         """Before anything else, raise every known worker's epoch to ours (invariant 5)."""
-        hosts = {jc.value for jc in self.replay.calls.values() if jc.kind == "this_host"}
-        hosts |= {h.get("addr") for jc in self.replay.calls.values() if jc.kind in ("host_mesh", "grow")
+        placements = self.replay.placements
+        hosts = {jc.value for jc in placements if jc.kind == "this_host"}
+        hosts |= {h.get("addr") for jc in placements if jc.kind in ("host_mesh", "grow")
                   and isinstance(jc.value, dict) for h in jc.value.get("hosts") or [] if isinstance(h, dict)}
         hosts |= set(journaled_spare_addresses(self.replay.supervision))  # where lost hosts' procs moved
         runtime = self.runtime

@@ -35,6 +35,7 @@ PROGRAM = "program"  # {path, digest, by, ts}: `regent upgrade`'s program leads 
 PATCH = "patch"  # a CALL record's kind: the marker of s.patched(change id), the id as its method
 MAX_CHANGE_ID = 200
 
+_PLACEMENTS = frozenset({"this_host", "host_mesh", "grow"})  # value records naming hosts
 VALUE_KINDS = frozenset({"now", "random", "side_effect", "this_host", "host_mesh", "grow", "resume", "checkpoint"})
 
 
@@ -214,6 +215,7 @@ class ReplayIndex:
         self.last_lsn = -1
         self.max_seq = -1
         self.program: dict | None = None  # the newest PROGRAM record's {path, digest}
+        self.placements: list[JournaledCall] = []  # this_host, host_mesh and grow: the hosts it used
 
     def add(self, rec: Any) -> None:
         """Index one record (CALLS and RESULTS records through `_add_calls`, `_add_results`)."""
@@ -228,9 +230,11 @@ class ReplayIndex:
         self._note(rec, 1)
         if kind == CALL:
             self.max_seq = max(self.max_seq, d["s"])
-            self.calls[d["s"]] = JournaledCall(
+            jc = self.calls[d["s"]] = JournaledCall(
                 d["s"], d["k"], d.get("a", ""), d.get("m", ""), d.get("d", b""),
                 tuple(d.get("pts", ())), d.get("v"))
+            if jc.kind in _PLACEMENTS:
+                self.placements.append(jc)
         elif kind == RESULT:
             self._add_result(d)
         elif kind == OBS:
