@@ -158,7 +158,9 @@ def _upgrade_chain(name: str, url: str, calls: int, runs: int, work: Path, catch
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"bench": "upgrade", "calls": args.calls, "runs": args.runs, "targets": []}
+    # BENCH_WORKDIR keeps the controllers' logs (a folder of your choice) for a look afterwards.
     with private_regent_home(), tempfile.TemporaryDirectory(prefix="regent-bench-upgrade-") as tmp:
+        tmp = os.environ.get("BENCH_WORKDIR") or tmp
         work = Path(tmp)
         modes = {"on": [("", "1")], "off": [("_replay_after", "0")],
                  "both": [("", "1"), ("_replay_after", "0")]}[args.catchup]

@@ -293,10 +293,11 @@ class LiveEdge:
         self.writer: JournalWriter = GroupCommitWriter(
             self.lead, max_delay_s=JOURNAL_LINGER_S, on_failure=on_failure,
             on_commit=None if metrics is None else metrics.committed) if self.journaled else NoWriter()
+        announced = None
         if self.replay is None:
             self.writer.submit(START, {"run": self.run_id, "ts": time.time()})
         elif self._announce:  # durable before this program's first live call (controller/upgrade.py)
-            self.writer.wait_durable(announce_program(self.writer, self.holder), timeout=30.0)
+            announced = announce_program(self.writer, self.holder)  # committing while the runtime starts
         outcomes.use(self.writer)
         self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive,
                                interrupt=raise_pending_handoff,
@@ -319,6 +320,9 @@ class LiveEdge:
             signal.signal(signal.SIGTERM, _raise_handoff)
         if self.replay is not None:
             self._fence_known_workers()
+        if announced is not None:
+            self.writer.wait_durable(announced, timeout=30.0)
+        if self.replay is not None:
             # The replay index lives until replay ends: tens of thousands of objects the cyclic
             # GC would rescan again and again while the program replays. Kept out of its scans
             # until then, unless the program froze objects itself (its unfreeze is its own).

@@ -30,7 +30,7 @@ log = structlog.get_logger("regent.upgrade")
 # Set by `regent upgrade` for the program it runs: the session it upgrades (its primary, whatever
 # its epoch when this program stands by, is asked to hand over).
 UPGRADE_ENV = "REGENT_UPGRADE"
-WATCH_INTERVAL_S = 0.05
+WATCH_INTERVAL_S = 0.02  # a primary's look for a hand-over request: one listing of the session's standbys
 # The exit status of a controller that would not take over a session another program now runs.
 EXIT_OTHER_PROGRAM = 3
 
