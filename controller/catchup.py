@@ -13,12 +13,15 @@ calls the journal does not answer are sent under their ids, as a takeover sends 
 hand-over then costs the tail, not the whole history.
 
 A few rare steps (a proc mesh's `grow`, `stop_procs`) are not caught up: the program waits
-there to lead, and replays the rest as any new leader does.
+there to lead, and replays the rest as any new leader does. A supervision event the tail
+brings once meshes exist (a restart, a lost host, a shrink) makes the program start over
+(`_start_over`): a takeover applies those as it replays each spawn.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +32,7 @@ import structlog
 from regent.controller._runtime import RESEND_FIRST_S
 from regent.controller.edge import LiveEdge, RunFinished
 from regent.controller.refs import ProcRef, Wire
-from regent.controller.replay import ReplayIndex
+from regent.controller.replay import PLACED, ReplayIndex
 from regent.controller.upgrade import upgrading
 from regent.wire.transport import max_message_bytes, refuse_oversized_call
 
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("regent.session")
 
 CATCHUP_ENV = "REGENT_CATCHUP"  # "0": the upgraded program replays only once it leads
+STARTS_ENV = "REGENT_CATCHUP_STARTS"  # how often this program started its catch-up over
+MAX_STARTS_OVER = 3
 POLL_S = 0.01  # how often a waiting catch-up reads the journal's tail
 
 
@@ -149,7 +154,7 @@ class CatchUpEdge(LiveEdge):
         """Index what the primary journaled since the last read; hand the program the results
         it waits for. True if anything was new."""
         index = self.replay
-        run = index.run
+        run, seen = index.run, len(index.supervision)
         before = self._next_lsn
         _, self._next_lsn = _read(self.journal, self.name, before, index)
         if self._next_lsn == before:
@@ -160,8 +165,32 @@ class CatchUpEdge(LiveEdge):
         if index.ended:
             raise RunFinished(f"session {self.name!r}: the run finished while this program caught up with it; "
                               "nothing to take over")
+        events = [d.get("ev") for d in index.supervision[seen:] if isinstance(d, dict) and d.get("ev") != PLACED]
+        if events and self.session._lifecycle.procs:
+            self._start_over(events)
         deliver_journaled(self.session)
         return True
+
+    def _start_over(self, events: list) -> None:
+        """The tail brought supervision events (a restart, a lost host, a shrink...) that change
+        meshes this program has replayed already: what a takeover derives from them at each
+        spawn cannot be applied after the fact, so the program starts over, in this process
+        (exec), and catches up with the journal that now holds them. After MAX_STARTS_OVER it
+        replays only once it leads."""
+        starts = int(os.environ.get(STARTS_ENV, "0")) + 1
+        log.warning("the journal's tail changes meshes this program has replayed; catching up again from the "
+                    "start", session=self.name, events=sorted({str(e) for e in events})[:5], time=starts)
+        os.environ[STARTS_ENV] = str(starts)
+        if starts > MAX_STARTS_OVER:
+            os.environ[CATCHUP_ENV] = "0"
+        self.catching_up = False
+        if self._presence is not None:  # a new holder asks again
+            self._presence.stop(wait_s=2.0)
+        if self._won_lead is not None:
+            self._won_lead.resign()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, sys.orig_argv)
 
     # --- going live ---------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from regent.controller.replay import CALL, CALLS, PROGRAM
 from regent.journal import open_journal
 from tests.failover.harness import PROGRAMS, Cluster, check_exactly_once
-from tests.failover.test_upgrade import STEPS, _start_upgrade, _v1_held
+from tests.failover.test_upgrade import STEPS, _cluster, _start_upgrade, _v1_held
 
 CAUGHT_UP = "caught up with the journal; asking the primary to hand over"
 LEADING = "caught up and leading; the program goes on live"
@@ -151,3 +151,46 @@ def test_an_upgrade_stopped_before_the_hand_over_leaves_the_primary_running(tmp_
     assert "no longer stands by" in primary_log.read_text()
     assert result["version"] == "v1" and result["role"] == "primary" and result["n"] == STEPS
     assert result["ran"] == [f"a{i}" for i in range(STEPS)]
+
+
+def test_a_restart_journaled_while_catching_up_makes_the_program_catch_up_again(tmp_path, journal_url) -> None:
+    # The counter's proc dies while v1 holds after step 4 and the new program waits at the
+    # journal's end: v1's supervisor restarts it and journals so. A takeover applies restarts as
+    # it replays each spawn, so the new program starts over (exec) and catches up again.
+    from regent.worker.procinfo import running_procs
+
+    c = _cluster(tmp_path, journal_url, PROGRAMS / "versioned.py")
+    c.extra_env["REGENT_TEST_RESTART"] = "1"
+    hold = tmp_path / f"{c.session}.hold"
+    hold.touch()
+    v1 = c.start(REGENT_TEST_VERSION="v1", REGENT_TEST_HOLD_FILE=str(hold), REGENT_TEST_HOLD_AT="4")
+    log = tmp_path / "upgrade.err"
+    try:
+        c.wait_step(c.wait_leader(1), 4)
+        up = _start_upgrade(c, "v2", log)
+        _wait_for(log, CAUGHT_UP, up)
+        (proc,) = [p for p in running_procs() if p.session.startswith(f"{c.session}.")]
+        os.kill(proc.pid, signal.SIGKILL)
+        _wait_for(log, "catching up again from the start", up)
+        deadline = time.monotonic() + 60
+        while log.read_text().count(CAUGHT_UP) < 2:
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.01)
+        hold.unlink()
+        assert v1.wait(timeout=60) == 0
+        up.wait(timeout=120)
+    finally:
+        c.stop_all()
+        if "up" in locals() and up.poll() is None:
+            up.kill()
+    err = log.read_text()
+    assert up.returncode == 0 and LEADING in err, err[-3000:]
+    result = json.loads(log.with_suffix(".out").read_text().strip().splitlines()[-1])
+    assert result["version"] == "v2" and result["pid"] != proc.pid
+    # The restarted counter saw the calls from step 5 on, each once, and v2's from its hand-over:
+    # after step 4, or after step 5 when v1 found the first request's program gone (it started
+    # over) before the second one asked.
+    ran = result["ran"]
+    assert [t for t in ran if t.startswith("a")] == [f"a{i}" for i in range(5, STEPS)], ran
+    extras = [int(t[1:]) for t in ran if t.startswith("x")]
+    assert extras[:1] in ([4], [5]) and extras == list(range(extras[0], STEPS)), ran

@@ -17,7 +17,7 @@ import time
 
 from common import note_leader, session_from_env
 
-from regent.worker import Actor, endpoint
+from regent.worker import Actor, RestartPolicy, endpoint
 
 
 class Counter(Actor):
@@ -44,7 +44,9 @@ def main() -> None:
     hold_at = int(os.environ.get("REGENT_TEST_HOLD_AT", "3"))
     with session_from_env() as s:
         note_leader()
-        c = s.spawn_procs(per_host={"procs": 1}).spawn("c", Counter)
+        # REGENT_TEST_RESTART=1: the counter is restarted if its proc dies (its count starts over).
+        policy = RestartPolicy(restart="permanent") if os.environ.get("REGENT_TEST_RESTART") == "1" else None
+        c = s.spawn_procs(per_host={"procs": 1}).spawn("c", Counter, restart=policy)
 
         def extra() -> bool:
             if version == "v4":
