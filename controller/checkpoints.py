@@ -61,6 +61,8 @@ class Checkpoints:
         # Skip the calls the checkpoint covers: the program continues after it.
         with s._drive.lock:
             went_live = s._engine.skip_to(data["seq"])
+            if s._catchup is not None:  # standing by still: what follows is the journal's, when it comes
+                s._engine.replaying, went_live = True, False
         s._faults.skip_to(data["seq"])
         s.runtime.checkpoint_seq = data["seq"]
         if went_live:

@@ -194,3 +194,30 @@ def test_a_restart_journaled_while_catching_up_makes_the_program_catch_up_again(
     assert [t for t in ran if t.startswith("a")] == [f"a{i}" for i in range(5, STEPS)], ran
     extras = [int(t[1:]) for t in ran if t.startswith("x")]
     assert extras[:1] in ([4], [5]) and extras == list(range(extras[0], STEPS)), ran
+
+
+def test_a_checkpointed_program_is_caught_up_from_its_checkpoint(tmp_path, journal_url) -> None:
+    # `resume` skips to the run's checkpoint while catching up; the calls after it are followed
+    # as they are journaled, and each step still runs once on each actor.
+    steps = 60
+    c = Cluster(f"cuk-{os.urandom(3).hex()}", journal_url, tmp_path, program="checkpointed.py", steps=steps,
+                extra_env={"REGENT_TEST_STEP_S": "0.03", "PYTHONPATH": str(PROGRAMS)})
+    primary = c.start()
+    log = tmp_path / "upgrade.err"
+    try:
+        c.wait_step(c.wait_leader(1), 25)  # checkpoints at steps 10 and 20 are behind it
+        up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session,
+                               str(PROGRAMS / "checkpointed.py"), "--journal", c.journal], env=c.env(),
+                              stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        out, _ = up.communicate(timeout=120)
+        primary.wait(timeout=60)
+    finally:
+        c.stop_all()
+        if "up" in locals() and up.poll() is None:
+            up.kill()
+    err = log.read_text()
+    assert up.returncode == 0 and primary.returncode == 0 and LEADING in err, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["acc"] == sum(4 * i for i in range(steps))
+    for seen in result["reports"]:
+        assert {int(k): n for k, n in seen.items()} == {i: 1 for i in range(-steps, steps)}, seen

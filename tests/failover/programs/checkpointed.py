@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 from common import note_leader, session_from_env
 
@@ -28,6 +29,7 @@ class Acc(Actor):
 
 def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "60"))
+    pace_s = float(os.environ.get("REGENT_TEST_STEP_S", "0"))  # a pause after each live step
     with session_from_env() as s:
         note_leader()
         mesh = s.spawn_procs(per_host={"procs": 2}).spawn("acc", Acc)
@@ -40,6 +42,7 @@ def main() -> None:
                 s.checkpoint(state)
             if not s.replaying:
                 print(f"step {state['step'] - 1}", file=sys.stderr, flush=True)
+                time.sleep(pace_s)
         print(json.dumps({"acc": state["acc"], "reports": mesh.report.call().get().values(),
                           "stats": s.stats, "session": s.name}), flush=True)
 
