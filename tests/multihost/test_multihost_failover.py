@@ -4,6 +4,7 @@ reaches every worker through the journal; every call ran once and no worker was 
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import uuid
@@ -58,3 +59,42 @@ def test_a_standby_on_another_host_takes_over_with_the_same_workers(multihost: M
     assert printed and all(n == 1 for n in printed.values()), printed
     standby_log = cluster.log_of(cluster.wait_leader(2)).read_text()
     assert re.search(r"^\[h\d 0\] ran \S+$", standby_log, re.M), "the standby printed none of the procs' output"
+
+
+def test_an_upgrade_from_another_host_catches_up_and_keeps_the_workers(multihost: MultiHost, tmp_path: Path) -> None:
+    # `regent upgrade` run in c2 for a primary in c1, over three cluster hosts: the request goes
+    # through the store, the new program catches up with the running primary and takes its
+    # workers over where it stopped: each call once, no worker replaced.
+    import subprocess
+    import sys
+
+    from tests.failover.harness import PROGRAMS
+
+    cluster = Cluster(f"mhu-{uuid.uuid4().hex[:8]}", multihost.url, tmp_path, program="mixed.py", steps=STEPS,
+                      extra_env={"REGENT_TEST_HOSTS": "3", "REGENT_TEST_STEP_S": "0.05"},
+                      prefix=lambda n: multihost.net.command("c1", []), host_env=lambda n: multihost.env("c1"))
+    log = tmp_path / "upgrade.err"
+    try:
+        primary = cluster.start()
+        cluster.wait_step(cluster.wait_leader(1), 5)
+        env = {**multihost.env("c2"), **{k: v for k, v in cluster.env().items() if k.startswith("REGENT_TEST_")},
+               "PYTHONPATH": f"{PROGRAMS}:{multihost.env('c2')['PYTHONPATH']}"}
+        up = subprocess.Popen(multihost.net.command("c2", [sys.executable, "-m", "regent.cli", "upgrade",
+                                                           cluster.session, str(PROGRAMS / "mixed.py")]),
+                              env=env, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        out, _ = up.communicate(timeout=180)
+        assert primary.wait(timeout=60) == 0
+    finally:
+        cluster.stop_all()
+        if "up" in locals() and up.poll() is None:
+            up.kill()
+    err = log.read_text()
+    assert up.returncode == 0 and "caught up and leading" in err, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    check_exactly_once(result, STEPS)
+    j = open_journal(multihost.url)
+    try:
+        spawned = [p["pid"] for r in j.read(cluster.session) if r.kind == PROCS for p in r.data["procs"]]
+    finally:
+        j.close()
+    assert result["pids"] == spawned, "a worker was replaced across the upgrade"
