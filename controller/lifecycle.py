@@ -7,6 +7,7 @@ particular to them is the host agents they talk to and the supervision they set 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -22,7 +23,7 @@ from regent.journal.hosts import check_name, literal_address
 from regent.wire import Kind
 from regent.wire.security import is_loopback
 from regent.worker.classref import class_ref, modules_of
-from regent.worker.errors import SupervisionError
+from regent.worker.errors import FencedError, SupervisionError
 from regent.worker.shape import point_of
 from regent.worker.supervision import MeshSupervisor
 from regent.worker.zygote import wanted_preload
@@ -316,6 +317,26 @@ class Lifecycle:
         for name in [n for n, on in self._placed.items() if all(p.stopped for p in on)]:
             self._free(name)  # Monarch spawns a mesh of the name again on new procs; so does regent
         s._finished(seq)
+
+    def stop_on_hosts(self) -> None:
+        """The session ended: every host agent it used (this machine's, its clusters' hosts and
+        spares it kept warm) stops its procs now, all asked at once, rather than at their
+        orphan timeout. A lost host's agent is not asked."""
+        runtime = self.s.runtime
+        warmer = self.s._supervisor.warmer
+        used = [*self.hosts, *runtime.hosts]
+        spares = set(warmer.hosts() if warmer else ()) - set(used)  # a spare may have died unnoticed: less wait
+        hosts = [h for h in dict.fromkeys([*used, *spares]) if runtime.moved_hosts.get(h, h) not in runtime.lost_hosts]
+
+        def stop(host: str) -> None:
+            try:
+                runtime.host_request(host, "stop_session", timeout=5.0 if host in spares else 15.0)
+            except (TimeoutError, FencedError, SupervisionError) as e:
+                log.warning("could not stop the session on a host", host=host, error=str(e))
+
+        if hosts:
+            with ThreadPoolExecutor(max_workers=min(16, len(hosts)), thread_name_prefix="regent-stop") as pool:
+                list(pool.map(stop, hosts))
 
 
 def _journaled_escalation(records: list, name: str, spawn: int) -> dict | None:

@@ -17,7 +17,6 @@ import random as _random
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import structlog
@@ -45,12 +44,13 @@ from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, St
 from regent.controller.ports import ControllerPorts, PortReceiver
 from regent.controller.recorder import Recorder, append
 from regent.controller.refs import ProcRef, Wire
-from regent.controller.replay import END, PATCH, JournaledCall, NonDeterminismError
+from regent.controller.replay import END, JournaledCall, NonDeterminismError
 from regent.controller.replay import change_id as _change_id
 from regent.controller.shapes import Shapes
+from regent.controller.upgrade import patch_marker
 from regent.journal import LeadershipLost
 from regent.wire import Kind
-from regent.worker.errors import FencedError, SupervisionError
+from regent.worker.errors import FencedError
 from regent.worker.logsetup import configure_logging
 from regent.worker.ports import Port
 from regent.worker.program import offer_program
@@ -231,7 +231,7 @@ class Session:
                 self._settle(timeout=10.0)
                 self.writer.submit(END, {"error": repr(error)[:2000] if error else None})
                 self.writer.flush(timeout=30)
-                self._stop_on_hosts()
+                self._lifecycle.stop_on_hosts()
         except LeadershipLost:
             deposed = True
         finally:
@@ -241,26 +241,6 @@ class Session:
                 if self._metrics is not None:
                     self._metrics.resigned()
                     self._metrics.close()
-
-    def _stop_on_hosts(self) -> None:
-        """The session ended: every host agent it used (this machine's, its clusters' hosts and
-        spares it kept warm) stops its procs now, all asked at once, rather than at their
-        orphan timeout. A lost host's agent is not asked."""
-        runtime = self.runtime
-        warmer = self._supervisor.warmer
-        used = [*self._lifecycle.hosts, *runtime.hosts]
-        spares = set(warmer.hosts() if warmer else ()) - set(used)  # a spare may have died unnoticed: less wait
-        hosts = [h for h in dict.fromkeys([*used, *spares]) if runtime.moved_hosts.get(h, h) not in runtime.lost_hosts]
-
-        def stop(host: str) -> None:
-            try:
-                runtime.host_request(host, "stop_session", timeout=5.0 if host in spares else 15.0)
-            except (TimeoutError, FencedError, SupervisionError) as e:
-                log.warning("could not stop the session on a host", host=host, error=str(e))
-
-        if hosts:
-            with ThreadPoolExecutor(max_workers=min(16, len(hosts)), thread_name_prefix="regent-stop") as pool:
-                list(pool.map(stop, hosts))
 
     def _settle(self, timeout: float) -> None:
         """Let calls still in flight (broadcasts the program never waited for) finish
@@ -513,36 +493,14 @@ class Session:
         marker at this point and False where the history was made by a program without the
         change, which then replays the old branch (nothing is consumed) until the program goes
         live. docs/failover.md, "Changing a running program"."""
-        return self._patch_marker(_change_id(change_id), deprecated=False)
+        return patch_marker(self, _change_id(change_id), deprecated=False)
 
     def deprecate_patch(self, change_id: str) -> None:
         """For the version that has dropped the old branch of `change_id`: a history with the
         marker replays as with `patched`; one without it cannot be replayed by this program
         (NonDeterminismError naming the change). Live, the marker is journaled still, so
         the version before this one can replay what this one made."""
-        self._patch_marker(_change_id(change_id), deprecated=True)
-
-    def _patch_marker(self, change_id: str, deprecated: bool) -> bool:
-        self._check_live()
-        engine = self._engine
-        if self._catchup is not None:
-            self._catchup.at_next_seq()
-        with self._drive.lock:
-            jc = engine.next_journaled()
-        if jc is not None and not (jc.kind == PATCH and jc.method == change_id):
-            if deprecated:
-                raise NonDeterminismError(
-                    jc.seq, jc.describe(),
-                    f"s.deprecate_patch({change_id!r}): this history was made by a program without the "
-                    f"change, which only a program still calling s.patched({change_id!r}) replays")
-            return False
-        seq, jc = self._begin(PATCH, PATCH, change_id)
-        if jc is None:
-            self._do(engine.value_record(seq, PATCH, change_id, actor=PATCH, method=change_id))
-        else:
-            self.stats["replayed"] += 1
-        self._finished(seq)
-        return True
+        patch_marker(self, _change_id(change_id), deprecated=True)
 
     def checkpoint(self, state: Any) -> None:
         """Snapshot the program's state; a takeover resumes from here (see `resume`)."""

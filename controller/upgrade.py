@@ -18,12 +18,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from regent.controller.replay import PATCH, NonDeterminismError
 from regent.controller.replay import PROGRAM as PROGRAM_RECORD
 from regent.journal.standbys import standbys
+
+if TYPE_CHECKING:
+    from regent.controller.session import Session
 
 log = structlog.get_logger("regent.upgrade")
 
@@ -195,3 +199,28 @@ class HandoverWatch:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+
+
+def patch_marker(s: Session, change_id: str, deprecated: bool) -> bool:
+    """`s.patched(change_id)` (and `s.deprecate_patch`): whether this run takes the change's
+    branch here; live, its marker is journaled."""
+    s._check_live()
+    engine = s._engine
+    if s._catchup is not None:
+        s._catchup.at_next_seq()
+    with s._drive.lock:
+        jc = engine.next_journaled()
+    if jc is not None and not (jc.kind == PATCH and jc.method == change_id):
+        if deprecated:
+            raise NonDeterminismError(
+                jc.seq, jc.describe(),
+                f"s.deprecate_patch({change_id!r}): this history was made by a program without the "
+                f"change, which only a program still calling s.patched({change_id!r}) replays")
+        return False
+    seq, jc = s._begin(PATCH, PATCH, change_id)
+    if jc is None:
+        s._do(engine.value_record(seq, PATCH, change_id, actor=PATCH, method=change_id))
+    else:
+        s.stats["replayed"] += 1
+    s._finished(seq)
+    return True

@@ -188,12 +188,12 @@ def test_a_restart_journaled_while_catching_up_makes_the_program_catch_up_again(
     result = json.loads(log.with_suffix(".out").read_text().strip().splitlines()[-1])
     assert result["version"] == "v2" and result["pid"] != proc.pid
     # The restarted counter saw the calls from step 5 on, each once, and v2's from its hand-over:
-    # after step 4, or after step 5 when v1 found the first request's program gone (it started
-    # over) before the second one asked.
+    # after step 4, or a step or more later when v1 found the first request's program gone (it
+    # started over) before the second one asked.
     ran = result["ran"]
     assert [t for t in ran if t.startswith("a")] == [f"a{i}" for i in range(5, STEPS)], ran
     extras = [int(t[1:]) for t in ran if t.startswith("x")]
-    assert extras[:1] in ([4], [5]) and extras == list(range(extras[0], STEPS)), ran
+    assert extras and extras[0] >= 4 and extras == list(range(extras[0], STEPS)), ran
 
 
 def test_a_checkpointed_program_is_caught_up_from_its_checkpoint(tmp_path, journal_url) -> None:
