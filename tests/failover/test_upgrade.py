@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from regent.controller.upgrade import EXIT_OTHER_PROGRAM, handover_request
 from regent.journal import open_journal
@@ -59,10 +60,11 @@ def _upgrade(c: Cluster, version: str, *extra: str) -> subprocess.CompletedProce
 
 
 def _start_upgrade(c: Cluster, version: str, log: Path, program: Path = PROGRAMS / "versioned.py",
-                   **env: str) -> subprocess.Popen:
+                   preexec_fn: Any = None, **env: str) -> subprocess.Popen:
     """`regent upgrade` in the background (it becomes the new controller), its output in files."""
     return subprocess.Popen(_upgrade_args(c, program=program), env=c.env(REGENT_TEST_VERSION=version, **env),
-                            stdout=open(log.with_suffix(".out"), "w"), stderr=open(log, "w"), text=True)
+                            stdout=open(log.with_suffix(".out"), "w"), stderr=open(log, "w"), text=True,
+                            preexec_fn=preexec_fn)
 
 
 def _wait_handover_asked(c: Cluster, primary: subprocess.Popen, upgrade: subprocess.Popen, log: Path,

@@ -44,14 +44,17 @@ def test_mixed_calls_are_caught_up_with_a_running_primary_and_each_runs_once(tmp
     # while the new program follows the journal, and hands over at its next call once asked.
     c = Cluster(f"cu-{os.urandom(3).hex()}", journal_url, tmp_path, steps=40,
                 extra_env={"REGENT_TEST_STEP_S": "0.05", "PYTHONPATH": str(PROGRAMS)})
-    primary = c.start()
+    hold = tmp_path / "primary.hold"  # held from step 3 until the new program stands by: not done before
+    hold.touch()
+    primary = c.start(REGENT_TEST_HOLD_FILE=str(hold))
     log = tmp_path / "upgrade.err"
     try:
-        pid = c.wait_leader(1)
-        c.wait_step(pid, 6)
+        c.wait_step(c.wait_leader(1), 3)
         up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session, str(PROGRAMS / "mixed.py"),
                                "--journal", c.journal], env=c.env(), stdout=subprocess.PIPE, stderr=open(log, "w"),
                               text=True)
+        _wait_for(log, "standing by", up)
+        hold.unlink()  # the primary calls on while the new program follows the journal
         out, _ = up.communicate(timeout=120)
         primary_out, _ = primary.communicate(timeout=60)
     finally:
@@ -135,7 +138,9 @@ def test_an_upgrade_stopped_before_the_hand_over_leaves_the_primary_running(tmp_
     # it again at its next session call, finds its requester gone, and finishes the run itself.
     c, v1, hold = _v1_held(tmp_path, journal_url, 4)
     log = tmp_path / "upgrade.err"
-    up = _start_upgrade(c, "v2", log)
+    # Ctrl-C's SIGINT as a terminal delivers it: a test run in the background (`cmd &` in a
+    # script) would otherwise hand the program SIGINT ignored.
+    up = _start_upgrade(c, "v2", log, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler))
     try:
         _wait_for(log, CAUGHT_UP, up)
         primary_log = c.log_of(v1.pid)
