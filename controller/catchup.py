@@ -21,6 +21,7 @@ brings once meshes exist (a restart, a lost host, a shrink) makes the program st
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from regent.controller._runtime import RESEND_FIRST_S
-from regent.controller.edge import LiveEdge, RunFinished
+from regent.controller.edge import LiveEdge, RunFinished, in_regent
 from regent.controller.refs import ProcRef, Wire
 from regent.controller.replay import PLACED, ReplayIndex
 from regent.controller.upgrade import upgrading
@@ -107,6 +108,10 @@ class CatchUpEdge(LiveEdge):
             super().connect(core, drive, outcomes, on_failure, on_lost)
             return
         self._connect_args = (core, drive, outcomes, on_failure, on_lost)
+        if threading.current_thread() is threading.main_thread():  # stop standing by, withdrawing the request
+            for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+                if signal.getsignal(signum) is default:
+                    signal.signal(signum, _stop_standing_by)
         self.writer = _Unwritable()
         outcomes.use(self.writer)
         self.runtime = _CatchUpRuntime(core, drive, self)
@@ -127,6 +132,7 @@ class CatchUpEdge(LiveEdge):
         """Until `ready()` (True), `deadline` (time.monotonic(); False), or, at the journal's
         end, this controller leads and goes live (ready() then says)."""
         while self.catching_up:
+            _raise_pending_stop()
             if ready():
                 return True
             won = self._won.is_set()  # read before the tail: a leader's last read is complete
@@ -201,6 +207,9 @@ class CatchUpEdge(LiveEdge):
             raise self._campaign_error
         s = self.session
         was_runtime, was_supervisor = self.runtime, self.supervisor
+        for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+            if signal.getsignal(signum) is _stop_standing_by:  # a leader's SIGTERM hands over (edge.py)
+                signal.signal(signum, default)
         self.catching_up = False
         self.waited = True
         self._led(self._won_lead, self.replay)
@@ -296,6 +305,29 @@ class CatchUpEdge(LiveEdge):
             self._won_lead.resign()
             self._won_lead.close()
         self.journal.close()
+
+
+_stop_pending: BaseException | None = None
+
+
+def _stop_standing_by(signum: int, frame: Any) -> None:
+    """SIGINT or SIGTERM while catching up: the program stops (Session.close withdraws its
+    standby record, and with it the hand-over it asked for): KeyboardInterrupt, or exit status
+    128 + 15. Raised in the program's own code at once; inside regent's, or a library it called
+    (a store client's lock held), at its next look at the journal (`await_journal`)."""
+    global _stop_pending
+    stop = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+    if in_regent(frame):
+        _stop_pending = stop
+        return
+    raise stop
+
+
+def _raise_pending_stop() -> None:
+    global _stop_pending
+    stop, _stop_pending = _stop_pending, None
+    if stop is not None:
+        raise stop
 
 
 def _read(journal: Any, name: str, start: int, index: ReplayIndex) -> tuple[ReplayIndex, int]:

@@ -124,16 +124,22 @@ def _raise_handoff(signum: int, frame: Any) -> None:
     the next safe point (`raise_pending_handoff`): a session call, or a poll of a wait."""
     global _handoff_pending, _handoff_confirm
     _handoff_confirm = None  # a SIGTERM hands over whoever asked before
+    _handoff_pending = True  # raised at every later safe point (raise_pending_handoff)
+    if not in_regent(frame):
+        raise Handoff(_HANDOFF)
+
+
+def in_regent(frame: Any) -> bool:
+    """Whether a signal handler's `frame` is inside regent's own code, or a library regent
+    called: an exception raised there could tear a message or a lock in half."""
     while frame is not None:  # from the innermost frame out, to the first that is not a library's
         filename = frame.f_code.co_filename
         if filename.startswith(_REGENT_DIRS):
-            _handoff_pending = True
-            return
+            return True
         if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
-            break  # the program's own code
+            return False  # the program's own code
         frame = frame.f_back
-    _handoff_pending = True  # and at every later safe point (raise_pending_handoff)
-    raise Handoff(_HANDOFF)
+    return False
 
 
 def raise_pending_handoff() -> None:

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from regent.controller.replay import CALL, CALLS, PROGRAM
 from regent.journal import open_journal
 from tests.failover.harness import PROGRAMS, Cluster, check_exactly_once
@@ -132,7 +134,8 @@ def test_an_async_program_is_caught_up_mid_run_with_the_same_wake_ups(tmp_path, 
     _check_once(result)
 
 
-def test_an_upgrade_stopped_before_the_hand_over_leaves_the_primary_running(tmp_path, journal_url) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_upgrade_stopped_before_the_hand_over_leaves_the_primary_running(tmp_path, journal_url, stop) -> None:
     # Ctrl-C in `regent upgrade` once it has caught up and asked, while the primary is inside a
     # long step of its own code: the request goes with the standby's record, the primary checks
     # it again at its next session call, finds its requester gone, and finishes the run itself.
@@ -145,7 +148,7 @@ def test_an_upgrade_stopped_before_the_hand_over_leaves_the_primary_running(tmp_
         _wait_for(log, CAUGHT_UP, up)
         primary_log = c.log_of(v1.pid)
         _wait_for(primary_log, "a hand-over was asked for through the store", v1)
-        up.send_signal(signal.SIGINT)
+        up.send_signal(stop)
         assert up.wait(timeout=30) != 0
         hold.unlink()
         result = c.finish(v1)
