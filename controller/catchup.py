@@ -96,6 +96,7 @@ class CatchUpEdge(LiveEdge):
         except BaseException as e:  # noqa: BLE001 - raised on the program's thread, where it waits
             self._campaign_error = e
         finally:
+            self._won_at = time.monotonic()
             self._won.set()
 
     @property
@@ -237,7 +238,8 @@ class CatchUpEdge(LiveEdge):
         live.flush()
         now = time.monotonic()
         log.info("caught up and leading; the program goes on live", session=self.name, epoch=self.epoch,
-                 seq=s._engine.core.next_seq, resent=sent, connect_ms=round((connected - self.takeover_at) * 1000, 1),
+                 seq=s._engine.core.next_seq, resent=sent, won_ms=round((self.takeover_at - self._won_at) * 1000, 1),
+                 connect_ms=round((connected - self.takeover_at) * 1000, 1),
                  handed_ms=round((now - connected) * 1000, 1))
 
     def _adopt_procs(self, refs: Any) -> None:

@@ -58,6 +58,7 @@ DEFAULT_LEASE_TTL_S = 2.0
 # program must see durable first are written at once; the rest (call records, plain results)
 # lose nothing by waiting: a takeover sends an unjournaled call again and the worker dedupes it.
 JOURNAL_LINGER_S = 0.05
+HANDOVER_POLL_S = 0.005  # a standby that asked for a hand-over looks for the primary's resignation this often
 # How long a new leader waits for a restarted host agent to finish adopting its procs.
 ADOPTION_WAIT_S = 8.0
 
@@ -219,7 +220,7 @@ class LiveEdge:
         """Lead the session, waiting behind its leader (a standby) as long as it has one."""
         try:
             return self.journal.campaign(self.name, self.holder, ttl_s=self._ttl, timeout=timeout,
-                                         on_waiting=self._on_waiting,
+                                         on_waiting=self._on_waiting, poll_s=self._campaign_poll_s,
                                          beacon_host=None if self.address == "127.0.0.1" else self.address)
         finally:
             if self._presence is not None:
@@ -269,6 +270,12 @@ class LiveEdge:
                                              {"metrics": None if self.metrics is None else self.metrics.url})
         if upgrading(self.name) and not self.catching_up:  # `regent upgrade`: this program asks the
             self._ask_handover()  # primary to hand over (once caught up, when it catches up first)
+
+    def _campaign_poll_s(self) -> float:
+        """How long the campaign waits before it looks at the leader key again: the store's
+        interval, or HANDOVER_POLL_S once this standby asked for the session (the primary steps
+        down within one of its session calls; each look is one read)."""
+        return HANDOVER_POLL_S if self.upgrade_asked is not None else self.journal.backend.poll_interval_s
 
     def _ask_handover(self) -> None:
         """Ask the session's primary, through the store, to hand it over to this program."""

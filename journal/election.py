@@ -101,6 +101,7 @@ def campaign(
     timeout: float | None = None,
     on_waiting: Callable[[], None] | None = None,
     beacon_host: str | None = None,
+    poll_s: Callable[[], float] | None = None,
 ) -> Leadership:
     """Block until `holder` leads `session`; see `Journal.campaign`.
 
@@ -159,7 +160,7 @@ def campaign(
                     next_look = time.monotonic() + _LOOK_INTERVAL_S
                 if gone is not None:
                     continue  # campaign again at once
-            if wake.wait(backend.poll_interval_s):
+            if wake.wait(backend.poll_interval_s if poll_s is None else poll_s()):
                 wake.clear()
     except BaseException:
         if beacon is not None:

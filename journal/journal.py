@@ -130,6 +130,7 @@ class Journal:
         timeout: float | None = None,
         on_waiting: Callable[[], None] | None = None,
         beacon_host: str | None = None,
+        poll_s: Callable[[], float] | None = None,
     ) -> Leadership:
         """Block until `holder` leads `session` and return its Leadership.
 
@@ -138,12 +139,13 @@ class Journal:
         liveness beacon shows its process gone (journal/beacon.py; REGENT_BEACON=0 turns
         that off). The beacon listens on `beacon_host` (default $REGENT_BEACON_HOST, else
         loopback): standbys on other machines must reach it. Raises TimeoutError after
-        `timeout` seconds.
+        `timeout` seconds. `poll_s()`: how long to wait before looking again (default the
+        store's interval; a standby that asked for a hand-over looks more often).
         """
         _check_session(session)
         lead = campaign(
             self._backend, session, holder, ttl_s=ttl_s, timeout=timeout, on_waiting=on_waiting,
-            beacon_host=beacon_host,
+            beacon_host=beacon_host, poll_s=poll_s,
         )
         self._leaderships.add(lead)
         return lead
