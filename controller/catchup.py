@@ -71,10 +71,11 @@ class CatchUpEdge(LiveEdge):
         except BaseException:
             self.journal.close()
             raise
-        if index.run is None or index.ended:  # nothing running to catch up with: campaign as usual
-            lead = self._campaign(campaign_timeout)
-            self._led(lead, ReplayIndex(self.journal.read(name)))
-            return
+        if index.run is None or index.ended:  # the primary finished (or never began) since the check
+            self.journal.close()
+            raise RunFinished(f"session {name!r}: {'its run ended' if index.run else 'no run began'} before this "
+                              "program could take it over; nothing to upgrade (start the program as you would "
+                              "to begin a new run)")
         self.catching_up = True
         self.replay, self.run_id, self.sid = index, index.run, f"{name}.{index.run}"
         self.epoch = index.epochs[-1] if index.epochs else 0  # the primary's, until this one leads

@@ -210,13 +210,17 @@ def test_a_checkpointed_program_is_caught_up_from_its_checkpoint(tmp_path, journ
     steps = 60
     c = Cluster(f"cuk-{os.urandom(3).hex()}", journal_url, tmp_path, program="checkpointed.py", steps=steps,
                 extra_env={"REGENT_TEST_STEP_S": "0.03", "PYTHONPATH": str(PROGRAMS)})
-    primary = c.start()
+    hold = tmp_path / "primary.hold"  # held after step 25 until the new program stands by
+    hold.touch()
+    primary = c.start(REGENT_TEST_HOLD_FILE=str(hold), REGENT_TEST_HOLD_AT="25")
     log = tmp_path / "upgrade.err"
     try:
         c.wait_step(c.wait_leader(1), 25)  # checkpoints at steps 10 and 20 are behind it
         up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session,
                                str(PROGRAMS / "checkpointed.py"), "--journal", c.journal], env=c.env(),
                               stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        _wait_for(log, "standing by", up)
+        hold.unlink()
         out, _ = up.communicate(timeout=120)
         primary.wait(timeout=60)
     finally:
@@ -229,3 +233,20 @@ def test_a_checkpointed_program_is_caught_up_from_its_checkpoint(tmp_path, journ
     assert result["acc"] == sum(4 * i for i in range(steps))
     for seen in result["reports"]:
         assert {int(k): n for k, n in seen.items()} == {i: 1 for i in range(-steps, steps)}, seen
+
+
+def test_an_upgrade_of_a_run_that_ended_since_its_check_starts_nothing(tmp_path, monkeypatch) -> None:
+    # The primary finished between `regent upgrade`'s check and the new program's start: the new
+    # program says so and exits 0, rather than begin a new run of its own.
+    from regent.controller import Session
+    from regent.controller.edge import RunFinished
+
+    url = f"sqlite://{tmp_path / 'j.db'}"
+    with Session("ended", journal=url) as s:
+        s.now()
+    monkeypatch.setenv("REGENT_UPGRADE", "ended")
+    with pytest.raises(RunFinished) as e:
+        Session("ended", journal=url)
+    assert e.value.code == 0 and "its run ended before this program could take it over" in e.value.message
+    with open_journal(url) as j:
+        assert [r.kind for r in j.read("ended")].count("start") == 1, "no new run began"

@@ -30,6 +30,8 @@ class Acc(Actor):
 def main() -> None:
     steps = int(os.environ.get("REGENT_TEST_STEPS", "60"))
     pace_s = float(os.environ.get("REGENT_TEST_STEP_S", "0"))  # a pause after each live step
+    hold = os.environ.get("REGENT_TEST_HOLD_FILE")  # live steps after _HOLD_AT wait while it exists
+    hold_at = int(os.environ.get("REGENT_TEST_HOLD_AT", "3"))
     with session_from_env() as s:
         note_leader()
         mesh = s.spawn_procs(per_host={"procs": 2}).spawn("acc", Acc)
@@ -43,6 +45,8 @@ def main() -> None:
             if not s.replaying:
                 print(f"step {state['step'] - 1}", file=sys.stderr, flush=True)
                 time.sleep(pace_s)
+                while hold and state["step"] > hold_at and os.path.exists(hold):  # REGENT_TEST_HOLD_FILE
+                    time.sleep(0.02)
         print(json.dumps({"acc": state["acc"], "reports": mesh.report.call().get().values(),
                           "stats": s.stats, "session": s.name}), flush=True)
 
