@@ -417,6 +417,15 @@ class _Pool:
 _pool = _Pool()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a proc from its host's zygote) offers nothing and shares no connection."""
+    global _transfers, _pool
+    _transfers, _pool = _Transfers(), _Pool()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @dataclass(frozen=True)
 class _Offer:
     """A checked BULK envelope's metadata: where to fetch, what, and into which frames."""
