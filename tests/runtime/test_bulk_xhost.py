@@ -60,6 +60,19 @@ def test_a_large_frame_is_offered_fetched_once_and_decrypted_whole():
         bulk.take(inner, meta, 1 << 30)  # served once
 
 
+def test_a_receive_buffer_is_reused_only_once_nothing_holds_it(monkeypatch):
+    monkeypatch.setattr(bulk_tcp, "_buffers", bulk_tcp._Buffers())  # none kept from other tests
+    first, second = os.urandom(BIG), os.urandom(BIG)
+    held = bulk.take(*_offer(first), 1 << 30)[-1]
+    array = np.frombuffer(held, dtype=np.uint8)  # what the program built over it
+    got = bulk.take(*_offer(second), 1 << 30)[-1]
+    assert got.obj is not held.obj and bytes(array) == first  # still held: a fresh buffer
+    mapping = id(held.obj)  # the pool keeps it alive, so the id stays its own
+    del held, array
+    got = bulk.take(*_offer(first), 1 << 30)[-1]
+    assert id(got.obj) == mapping and bytes(got) == first  # let go: reused, and written whole
+
+
 def test_the_route_is_shared_memory_on_this_host_and_tcp_elsewhere(monkeypatch):
     assert bulk.route("tcp://127.0.0.1:5") == "shm" and bulk.route("tcp://10.0.0.2:5") == "tcp"
     monkeypatch.setenv("REGENT_BULK_ROUTE", "tcp")
