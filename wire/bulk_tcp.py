@@ -508,6 +508,8 @@ def _fetch_once(offer: _Offer, into: list[memoryview], timeout: float) -> None:
             raise BulkError("its sender no longer offers it (fetched already, given up after "
                                  "its TTL, or the sender restarted)")
         started = True
+        if not into:  # now, while the sender starts: faulting the buffers in overlaps its first records
+            into.extend(_buffers.get(size) for _, size in offer.frames)
         _recv_records(sock, offer, into)
     except (OSError, ConnectionError) as e:
         sock.close()
@@ -541,7 +543,7 @@ def take(frames: list, meta: Any, limit: int) -> list:
     metadata), its large frames fetched and decrypted. Raises BulkError when it cannot: the
     message is then dropped, and its sender sends it again."""
     offer = _offer(meta, frames, limit)
-    into = [_buffers.get(size) for _, size in offer.frames]
+    into: list[memoryview] = []
     where = f"{offer.addr[0]}:{offer.addr[1]}"
     try:
         for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception_type(_Retry),
