@@ -495,7 +495,10 @@ _buffers = _Buffers()
 
 
 def _fetch_once(offer: _Offer, into: list[memoryview], timeout: float) -> None:
-    sock, pooled = _pool.take(offer.addr, timeout)
+    try:
+        sock, pooled = _pool.take(offer.addr, timeout)
+    except OSError as e:  # refused, unreachable, a name that does not resolve, timed out
+        raise _Retry(str(e)) from None
     started = False
     try:
         sock.settimeout(timeout)

@@ -100,6 +100,15 @@ def test_an_envelope_that_does_not_check_out_is_refused_before_any_connection(de
         bulk.take(inner, meta, limit)
 
 
+def test_a_sender_that_cannot_be_reached_fails_the_fetch_with_what_to_do():
+    inner, meta = _offer(os.urandom(BIG))
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # nothing listens there once closed
+    meta["tcp"] = ["127.0.0.1", port]
+    with pytest.raises(bulk.BulkError, match="cannot fetch large frames.*REGENT_BULK_BYTES=0"):
+        bulk.take(inner, meta, 1 << 30)
+
+
 def test_an_offer_nobody_fetched_is_withdrawn_after_its_ttl_and_when_its_receiver_is_forgotten(monkeypatch):
     inner, meta = _offer(os.urandom(BIG))
     bulk.forget(TO)  # the receiver is gone
