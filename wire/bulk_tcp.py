@@ -56,6 +56,7 @@ SOCKET_BUFFER = 4 << 20
 MAX_CONNECTIONS = 256  # open data connections a server keeps; more are closed at once
 FIRST_REQUEST_S = 5.0  # a new connection must ask within this, or it is closed
 IDLE_S = 60.0  # a connection that proved itself may wait this long for its next request
+CONNECT_TIMEOUT_S = 3.0  # a reachable sender accepts in milliseconds; the receive loop waits this at most
 POOL_IDLE_S = 45.0  # the receiver reuses a connection idle for less (the server keeps it IDLE_S)
 KEEP_BYTES = 256 << 20  # receive buffers a process keeps for reuse, all together
 
@@ -376,7 +377,12 @@ def served() -> int:
 # --- the receiver's side ---------------------------------------------------------------------
 
 class _Retry(Exception):
-    """A connection that failed before any record arrived: a fresh one may do."""
+    """A pooled connection that failed before any record arrived (its server closed it while it
+    was idle): a fresh one may do."""
+
+
+class _Unreachable(Exception):
+    """A fresh connection to the data port failed before any record arrived."""
 
 
 class _Pool:
@@ -496,9 +502,9 @@ _buffers = _Buffers()
 
 def _fetch_once(offer: _Offer, into: list[memoryview], timeout: float) -> None:
     try:
-        sock, pooled = _pool.take(offer.addr, timeout)
+        sock, pooled = _pool.take(offer.addr, min(timeout, CONNECT_TIMEOUT_S))
     except OSError as e:  # refused, unreachable, a name that does not resolve, timed out
-        raise _Retry(str(e)) from None
+        raise _Unreachable(str(e)) from None
     started = False
     try:
         sock.settimeout(timeout)
@@ -509,7 +515,7 @@ def _fetch_once(offer: _Offer, into: list[memoryview], timeout: float) -> None:
         (status,) = _STATUS.unpack(_recv_exact(sock, _STATUS.size))
         if status != ST_OK:
             raise BulkError("its sender no longer offers it (fetched already, given up after "
-                                 "its TTL, or the sender restarted)")
+                            "its TTL, or the sender restarted)")
         started = True
         if not into:  # now, while the sender starts: faulting the buffers in overlaps its first records
             into.extend(_buffers.get(size) for _, size in offer.frames)
@@ -517,7 +523,7 @@ def _fetch_once(offer: _Offer, into: list[memoryview], timeout: float) -> None:
     except (OSError, ConnectionError) as e:
         sock.close()
         if not started:
-            raise _Retry(f"{e} ({'a pooled' if pooled else 'a new'} connection)") from None
+            raise (_Retry if pooled else _Unreachable)(str(e)) from None
         raise BulkError(f"the data connection failed mid-transfer: {e}") from None
     except BaseException:
         sock.close()
@@ -538,7 +544,7 @@ def _recv_records(sock: socket.socket, offer: _Offer, into: list[memoryview]) ->
                 aead.decrypt_into(_nonce(j, i), record, _aad(offer.tid, j, i, size), dst[at:at + n])
             except InvalidTag:
                 raise BulkError(f"record {i} of frame {j} failed its AES-GCM check (altered, reordered "
-                                     "or from another transfer)") from None
+                                "or from another transfer)") from None
 
 
 def take(frames: list, meta: Any, limit: int) -> list:
@@ -551,14 +557,14 @@ def take(frames: list, meta: Any, limit: int) -> list:
     try:
         for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception_type(_Retry),
                                          stop=tenacity.stop_after_attempt(3),
-                                         wait=tenacity.wait_exponential(multiplier=0.05, max=0.5),
+                                         wait=tenacity.wait_none(),
                                          reraise=True):
             with attempt:
                 _fetch_once(offer, into, timeout_s())
-    except _Retry as e:
+    except (_Retry, _Unreachable) as e:
         raise BulkError(f"cannot fetch large frames from the sender's data port {where}: {e}. If hosts "
-                             f"cannot reach each other's data ports, open them, set {ADDR_ENV} to an "
-                             "address they can reach, or set REGENT_BULK_BYTES=0 to send bytes inline") from None
+                        f"cannot reach each other's data ports, open them, set {ADDR_ENV} to an "
+                        "address they can reach, or set REGENT_BULK_BYTES=0 to send bytes inline") from None
     except BulkError as e:
         raise BulkError(f"large frames from {where}: {e}") from None
     out = list(frames)

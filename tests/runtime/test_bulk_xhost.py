@@ -109,6 +109,14 @@ def test_a_sender_that_cannot_be_reached_fails_the_fetch_with_what_to_do():
         bulk.take(inner, meta, 1 << 30)
 
 
+def test_a_pooled_connection_its_server_closed_is_replaced(monkeypatch):
+    monkeypatch.setattr(bulk_tcp, "IDLE_S", 0.1)  # the server closes a connection idle this long
+    big = os.urandom(BIG)
+    assert bytes(bulk.take(*_offer(big), 1 << 30)[-1]) == big  # leaves its connection in the pool
+    time.sleep(0.5)
+    assert bytes(bulk.take(*_offer(big), 1 << 30)[-1]) == big
+
+
 def test_an_offer_nobody_fetched_is_withdrawn_after_its_ttl_and_when_its_receiver_is_forgotten(monkeypatch):
     inner, meta = _offer(os.urandom(BIG))
     bulk.forget(TO)  # the receiver is gone
