@@ -10,11 +10,15 @@ deliveries/s (--broadcasts broadcasts, then one call to be sure all ran; the med
 delivery over the broadcasts, and the RSS per proc. The CPU growth target is measured apart,
 over 1, 4 and 8 hosts: a 64-proc and a small mesh in one session, their broadcast phases taking
 turns, the median of the paired ratios. Then call_one p50 to a proc on a namespace host against
-one on this process's own host (the root namespace's loopback agent), in turns.
+one on this process's own host (the root namespace's loopback agent), in turns. Then large
+frames between hosts (issue #32): a 64 MiB tensor echoed to a proc on a namespace host (out of
+band over its sender's data port, AES-GCM) against hipcore's TCP RDMA read of 64 MiB between
+procs on two namespace hosts, in turns. `--parts` runs some of these only.
 With --peers, Monarch runs the same per-shape loops at the same proc counts on this host
 (bench/_peers.py monarch-scale), each figure given as [regent, Monarch]. Targets (printed,
 never asserted): CPU per delivery at 64 procs within 1.5x that at 4; 64 procs
-over 8 hosts spawned in under 15 s; cross-host call_one p50 within 1.2x of same-host.
+over 8 hosts spawned in under 15 s; cross-host call_one p50 within 1.2x of same-host; the
+64 MiB echo at 0.8x hipcore's TCP read or better (MB/s: 2 x 64 MiB per echo, 64 MiB per read).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench_core import (  # noqa: E402
     Sizes,
     add_target,
+    collected_heap,
     cpu_seconds,
     latency_stats,
     note,
@@ -146,6 +151,79 @@ def cross_host(rounds: int, calls: int) -> dict[str, Any]:
             "ratio": round(statistics.median(ratios), 3), "ratios": [round(x, 3) for x in ratios]}
 
 
+class Bulk(Actor):
+    """Echoes a value; owns and reads RDMA buffers (hipcore's TCP path, the bulk figure's floor)."""
+
+    def __init__(self) -> None:
+        self.held: list[Any] = []
+
+    @endpoint
+    def echo(self, x: Any) -> Any:
+        return x
+
+    @endpoint
+    def buffer(self, nbytes: int) -> Any:
+        import torch
+
+        from regent.hipcore import RDMABuffer
+
+        t = torch.ones(nbytes, dtype=torch.uint8)
+        self.held = [t, RDMABuffer(t)]
+        return self.held[1]
+
+    @endpoint
+    async def read(self, buf: Any, reps: int) -> list[float]:
+        """Seconds of each of `reps` reads of `buf` over TCP, after one to warm the connection."""
+        import torch
+
+        dst = torch.empty(buf.size, dtype=torch.uint8)
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            await buf.read_into(dst, transport="tcp", timeout=120)
+            times.append(time.perf_counter() - t0)
+        return times[1:]
+
+
+def bulk_xhost(rounds: int, reps: int, nbytes: int = 64 << 20) -> dict[str, Any]:
+    """MB/s of a tensor echo to a proc on host 1 (2 x nbytes per round trip) against hipcore's TCP
+    RDMA read of nbytes by a proc on host 2 from one on host 1, in turns, each the median of its
+    `reps` in a round; the ratio is the median of the rounds' ratios."""
+    import torch
+
+    from regent.wire import bulk_tcp
+
+    with Session(f"scale-bulk-{uuid.uuid4().hex[:6]}", lease_ttl_s=LEASE_TTL_S) as s:
+        hosts = s.host_mesh(hosts=2)
+        owner = hosts.slice(hosts=0).spawn_procs(per_host={"procs": 1}).spawn("owner", Bulk)
+        reader = hosts.slice(hosts=1).spawn_procs(per_host={"procs": 1}).spawn("reader", Bulk)
+        x = torch.randn(nbytes // 4)
+        served = bulk_tcp.served()
+        if not torch.equal(owner.echo.call_one(x).get(timeout=120), x):
+            raise RuntimeError("the 64 MiB echo between hosts came back different")
+        out_of_band = bulk_tcp.served() > served  # not with REGENT_BULK_BYTES=0: through the CURVE socket
+        buf = owner.buffer.call_one(nbytes).get(timeout=120)
+        per: dict[str, list[float]] = {"echo": [], "rdma_read": []}
+        for _ in range(rounds):
+            times = []
+            for _ in range(reps):
+                with collected_heap():
+                    t0 = time.perf_counter()
+                    owner.echo.call_one(x).get(timeout=120)
+                    times.append(time.perf_counter() - t0)
+            per["echo"].append(2 * nbytes / statistics.median(times) / 1e6)
+            reads = reader.read.call_one(buf, reps).get(timeout=300)
+            per["rdma_read"].append(nbytes / statistics.median(reads) / 1e6)
+    ratios = [e / r for e, r in zip(per["echo"], per["rdma_read"], strict=True)]
+    return {"bytes": nbytes, "out_of_band": out_of_band, "echo_MB_per_s": round(statistics.median(per["echo"]), 1),
+            "rdma_tcp_read_MB_per_s": round(statistics.median(per["rdma_read"]), 1),
+            "ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
+            "echo_runs": [round(v, 1) for v in per["echo"]], "read_runs": [round(v, 1) for v in per["rdma_read"]],
+            "definition": "echo MB/s = 2 x bytes / median round trip (controller -> proc on host 1 -> back); "
+                          "read MB/s = bytes / median read_into(transport='tcp') by a proc on host 2 from "
+                          "one on host 1; MB = 1e6 bytes; rounds alternate the two"}
+
+
 def _stop_local_agent() -> None:
     """The root namespace's own agent (started for the same-host figure) is nobody's child."""
     from regent.worker.discovery import live_host_record
@@ -164,11 +242,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--growth-rounds", type=int, default=7, help="paired broadcast phases for the CPU growth figure")
     p.add_argument("--cross-rounds", type=int, default=5)
     p.add_argument("--cross-calls", type=int, default=1000)
+    p.add_argument("--bulk-rounds", type=int, default=5, help="alternating echo / RDMA read rounds (64 MiB)")
+    p.add_argument("--bulk-reps", type=int, default=5, help="echoes and reads per round (the median is its figure)")
+    p.add_argument("--parts", default="shapes,growth,cross,bulk",
+                   help="which to run: shapes, growth (CPU growth), cross (call_one across hosts), bulk (64 MiB)")
     p.add_argument("--peers", action="store_true",
                    help="also Monarch at the same proc counts on one host (the 'peers' extra: torchmonarch)")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args(argv)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
+    parts = set(args.parts.split(","))
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] if "shapes" in parts else []
 
     def run() -> dict[str, Any]:
         report: dict[str, Any] = {"bench": "scale", "shapes": [f"{a}x{b}" for a, b in shapes],
@@ -190,14 +273,18 @@ def main(argv: list[str] | None = None) -> None:
                         except Exception as e:  # say where it stops (memory, time), go on with the rest
                             report["shapes_measured"].append({"procs": procs, "hosts": hosts, "error": f"{type(e).__name__}: {e}"[:500]})
                     report["cpu_growth"] = []
-                    for hosts in (1, 4, 8):
+                    for hosts in (1, 4, 8) if "growth" in parts else ():
                         note(f"CPU per delivery, 64 procs against {max(4, hosts)}, over {hosts} hosts")
                         try:
                             report["cpu_growth"].append(cpu_growth(hosts, max(4, hosts), 64, args.broadcasts,
                                                                    args.growth_rounds))
                         except Exception as e:
                             report["cpu_growth"].append({"hosts": hosts, "error": f"{type(e).__name__}: {e}"[:500]})
-                    report["cross_host"] = cross_host(args.cross_rounds, args.cross_calls)
+                    if "cross" in parts:
+                        report["cross_host"] = cross_host(args.cross_rounds, args.cross_calls)
+                    if "bulk" in parts:
+                        note("64 MiB echo between hosts against hipcore's TCP RDMA read")
+                        report["bulk_xhost"] = bulk_xhost(args.bulk_rounds, args.bulk_reps)
             finally:
                 cluster.close()
         if args.peers:
@@ -249,6 +336,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add("spawn_64_procs_over_8_hosts_s", by[(64, 8)]["spawn_s"], "<=", 15.0)
     if "cross_host" in report:
         add("cross_host_call_one_p50_ratio", report["cross_host"]["ratio"], "<=", 1.2)
+    if "bulk_xhost" in report:
+        add("echo_64MiB_between_hosts_over_rdma_tcp_read", report["bulk_xhost"]["ratio"], ">=", 0.8)
     return out
 
 

@@ -16,6 +16,10 @@ its exit, and after SEGMENT_TTL_S in any case; by `sweep` (the host agent runs i
 sender is dead. A receiver that finds a segment gone drops
 the message, as for any message lost: a controller sends an unanswered call again, and a proc
 answers it again from its results.
+
+To a peer on another host the same envelope names the sender's data port instead, and the
+receiver fetches the frames over TCP, AES-GCM encrypted under a key only the envelope carries
+(wire.bulk_tcp). `route` says which path a peer gets.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from typing import Any
 
 import structlog
 
-from regent.wire import protocol
+from regent.wire import bulk_tcp, protocol
+from regent.wire.errors import BulkError
 from regent.wire.protocol import Kind
 
 log = structlog.get_logger("regent.transport")
@@ -42,16 +47,17 @@ SHM_DIR = "/dev/shm"
 DEFAULT_BULK_BYTES = 256 * 1024
 # A segment its receiver has not mapped by then is given up by its sender (a backstop: a receiver
 # known to be gone has its segments given up at once, `forget`).
-SEGMENT_TTL_S = 600.0
+SEGMENT_TTL_S = bulk_tcp.TTL_S
 DEAD_SENDER_GRACE_S = 5.0  # `sweep` leaves a dead sender's segment this long (it may be in flight)
 _NAME = re.compile(r"regent-(\d+)-(\d+)-(\d+)-[0-9a-f]{8}")
+ROUTE_ENV = "REGENT_BULK_ROUTE"
 
 
-def bulk_bytes() -> int:
-    """The smallest frame sent out of band ($REGENT_BULK_BYTES; 0: never)."""
+def bulk_bytes(path: str = "shm") -> int:
+    """The smallest frame sent out of band on `path` ($REGENT_BULK_BYTES; 0: never)."""
     raw = os.environ.get("REGENT_BULK_BYTES", "")
     if not raw:
-        return DEFAULT_BULK_BYTES if os.path.isdir(SHM_DIR) else 0
+        return DEFAULT_BULK_BYTES if path == "tcp" or os.path.isdir(SHM_DIR) else 0
     try:
         value = int(raw)
     except ValueError:
@@ -66,8 +72,15 @@ def is_local(address: str) -> bool:
     return address.startswith(("tcp://127.", "tcp://[::1]", "tcp://localhost:"))
 
 
-class BulkError(Exception):
-    """A BULK envelope this process cannot take (its segment gone, or not one it may map)."""
+def route(address: str) -> str:
+    """How large frames go to the inbox at `address`: "shm" on this host, "tcp" to another.
+    $REGENT_BULK_ROUTE=tcp sends every peer's over TCP, as if each were on another host (the
+    cross-host path's tests and benchmarks on one machine)."""
+    forced = os.environ.get(ROUTE_ENV, "")
+    if forced not in ("", "auto", "tcp"):
+        raise ValueError(f"{ROUTE_ENV}={forced!r} must be 'auto' (shared memory on this host, TCP to "
+                         "others) or 'tcp' (TCP to every peer)")
+    return "shm" if forced != "tcp" and is_local(address) else "tcp"
 
 
 class _Segments:
@@ -120,8 +133,10 @@ def _unlink(name: str) -> bool:
 
 
 def forget(address: str) -> None:
-    """The inbox at `address` is gone: give up the segments sent to it that it never took."""
+    """The inbox at `address` is gone: give up the segments and transfers sent to it that it
+    never took."""
     _segments.remove(lambda to: to == address)
+    bulk_tcp.forget(address)
 
 
 def _write_segment(data: Any, to: str) -> tuple[str, int]:
@@ -169,10 +184,14 @@ def export(frames: list, threshold: int, to: str) -> list:
 
 
 def discard(frames: list) -> None:
-    """Unlink the segments of an envelope `export` made that will not be sent after all."""
+    """Give up the segments (or the transfer) of an envelope `export` (or bulk_tcp's) made that
+    will not be sent after all."""
     for f in frames[:2]:
         if protocol.kind_byte(f) == Kind.BULK:
             _, meta, _ = protocol.decode([f])
+            if "tcp" in meta:
+                bulk_tcp.discard(frames)
+                return
             for _, name, _ in meta["seg"]:
                 _unlink(name)
             return
@@ -187,7 +206,8 @@ def _map(name: Any, size: Any, limit: int) -> memoryview:
     try:
         fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise BulkError(f"segment {name} is gone (its sender gave it up, or it was taken already)") from None
+        raise BulkError(f"segment {name} is gone (its sender gave it up, or it was taken already; set "
+                        "REGENT_BULK_BYTES=0 on both sides if this host's processes do not share /dev/shm)") from None
     except OSError as e:
         raise BulkError(f"cannot open segment {name}: {e}") from None
     try:
@@ -204,8 +224,10 @@ def _map(name: Any, size: Any, limit: int) -> memoryview:
 
 def take(frames: list, meta: Any, limit: int) -> list:
     """The message inside a BULK envelope (`frames` its payload, `meta` its metadata), its
-    frames mapped from their segments. Raises BulkError, having unlinked every segment it
-    names, when it cannot."""
+    frames mapped from their segments (or fetched from the sender's data port, bulk_tcp.take).
+    Raises BulkError, having unlinked every segment it names, when it cannot."""
+    if isinstance(meta, dict) and "tcp" in meta:
+        return bulk_tcp.take(frames, meta, limit)
     segments = meta.get("seg") if isinstance(meta, dict) else None
     names = [s[1] for s in segments if isinstance(s, list) and len(s) == 3] if isinstance(segments, list) else []
     try:

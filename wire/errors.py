@@ -18,3 +18,8 @@ class ProtocolError(RegentError):
 class MessageTooLarge(RegentError, ValueError):
     """A message is above REGENT_MAX_MESSAGE_BYTES (all its frames together), so it was not
     sent: its receiver would drop it."""
+
+
+class BulkError(Exception):
+    """A BULK envelope this process cannot take (wire.bulk): its segment gone or not one it may
+    map, or its frames not fetched whole and intact from its sender's data port (wire.bulk_tcp)."""

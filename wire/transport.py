@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 import zmq
 
-from regent.wire import bulk, protocol
+from regent.wire import bulk, bulk_tcp, protocol
 from regent.wire.errors import MessageTooLarge, ProtocolError
 from regent.wire.schema import valid_address  # noqa: F401  (where the rest of regent finds it)
 from regent.wire.security import Credentials, secure_client, secure_server
@@ -172,7 +172,11 @@ class Inbox:
     def admit(self, frames: list) -> list | None:
         """A received message as its handler takes it: None (logged with its peer) if it is
         above the size limit, all frames together, or is a BULK envelope (wire.bulk) that
-        cannot be taken; a BULK envelope's message with its frames mapped."""
+        cannot be taken; a BULK envelope's message with its frames mapped, or fetched.
+
+        A fetch from another host runs here, on the thread that owns the socket, so that a
+        sender's messages keep their order (an actor takes them in arrival order): it takes
+        the time the bytes take at line rate, and REGENT_BULK_TIMEOUT_S at most without progress."""
         size = 0
         for f in frames:  # message_size, inline: once per message received
             size += len(f)
@@ -186,9 +190,8 @@ class Inbox:
             _, meta, inner = protocol.decode(frames)
             return bulk.take(inner, meta, self.max_message)
         except (ProtocolError, bulk.BulkError) as e:
-            log.warning("dropped a message whose large frames could not be taken from shared memory; its "
-                        "sender sends it again (set REGENT_BULK_BYTES=0 on both sides if this host's "
-                        "processes do not share /dev/shm)", peer=peer_of(frames[0]), error=str(e))
+            log.warning("dropped a message whose large frames could not be taken; its sender sends it again",
+                        peer=peer_of(frames[0]), error=str(e))
             return None
 
     def close(self) -> None:
@@ -223,8 +226,11 @@ class Peer:
         self._dirty = dirty  # the owner's set of peers with something queued
         self.max_message = max_message_bytes()  # what the peer accepts, as far as we know
         self._batch_bytes = protocol.batch_bytes(self.max_message)
-        # Frames this large go out of band, through shared memory, to a peer on this host.
-        self._bulk = bulk.bulk_bytes() if bulk.is_local(address) else 0
+        # Frames this large go out of band: through shared memory to a peer on this host, from
+        # this process's data port (encrypted) to one on another (wire.bulk, wire.bulk_tcp).
+        path = bulk.route(address)
+        self._bulk = bulk.bulk_bytes(path)
+        self._export = bulk.export if path == "shm" else bulk_tcp.export
         self.sock = ctx.socket(zmq.PUSH)
         secure_client(self.sock, creds)
         self.sock.sndhwm = HWM
@@ -271,7 +277,7 @@ class Peer:
             return frames
         for f in frames:
             if len(f) >= self._bulk:
-                return bulk.export(frames, self._bulk, self.address)
+                return self._export(frames, self._bulk, self.address)
         return frames
 
     def try_send(self, frames: list) -> bool:
