@@ -24,6 +24,7 @@ from regent.controller import edge as edges
 from regent.controller.core import Outcome
 from regent.controller.drive import Drive
 from regent.controller.engine import Engine
+from regent.controller.ephemeral import RefusingWriter
 from regent.controller.mesh import StreamSink
 from regent.controller.replay import (
     END,
@@ -74,38 +75,6 @@ class AuditContext:
         if self.bar is not None:
             self.bar.n = min(seq + 1, self.bar.total or seq + 1)
             self.bar.refresh()
-
-
-class _NoWrites:
-    """The journal writer of an audit: an audit never writes."""
-
-    durable_lsn = -1
-
-    def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int:
-        raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
-
-    def collector(self, kind: str) -> Callable[[Any], None]:
-        def refuse(item: Any) -> None:
-            raise AuditGap(f"the program tried to journal a new {kind!r} record: an audit only reads")
-        return refuse
-
-    def ticket(self) -> int:
-        return 0
-
-    def bound(self, ticket: int) -> int | None:
-        return -1
-
-    def seal(self) -> int:
-        return -1
-
-    def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
-        pass
-
-    def flush(self, timeout: float | None = None) -> int:
-        return -1
-
-    def close(self) -> None:
-        pass
 
 
 class _NoRuntime:
@@ -289,7 +258,8 @@ class AuditEdge:
 
     def connect(self, core: Any, drive: Drive, outcomes: Any, on_failure: Callable,
                 on_lost: Callable[[str], None]) -> None:
-        self.writer = _NoWrites()
+        self.writer = RefusingWriter(lambda kind: AuditGap(
+            f"the program tried to journal a new {kind!r} record: an audit only reads"))
         outcomes.use(self.writer)
         self.runtime = _NoRuntime(core, drive, self.ctx)
         self.supervisor = _NoSupervisor()

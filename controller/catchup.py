@@ -32,6 +32,7 @@ import structlog
 
 from regent.controller._runtime import RESEND_FIRST_S
 from regent.controller.edge import LiveEdge, RunFinished, in_regent
+from regent.controller.ephemeral import RefusingWriter
 from regent.controller.refs import ProcRef, Wire
 from regent.controller.replay import PLACED, ReplayIndex
 from regent.controller.upgrade import upgrading
@@ -114,7 +115,9 @@ class CatchUpEdge(LiveEdge):
             for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
                 if signal.getsignal(signum) is default:
                     signal.signal(signum, _stop_standing_by)
-        self.writer = _Unwritable()
+        self.writer = RefusingWriter(lambda kind: CatchUpError(
+            f"a catching-up standby tried to journal a {kind!r} record before it leads (a regent bug: report "
+            "it; REGENT_CATCHUP=0 replays after the takeover instead)"))
         outcomes.use(self.writer)
         self.runtime = _CatchUpRuntime(core, drive, self)
         self.supervisor = _CatchUpSupervisor()
@@ -362,37 +365,6 @@ def deliver_journaled(s: Session) -> None:
                 runtime.deliver_local(call, rank, outcome)
                 if outcome.status == "exit":
                     s._replayed_exit(call, rank, outcome)
-
-
-class _Unwritable:
-    """A catching-up program's writer: it has nothing to write until it leads."""
-
-    durable_lsn = -1
-
-    def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int:
-        raise CatchUpError(f"a catching-up standby tried to journal a {kind!r} record before it leads (a regent bug: "
-                           f"report it; REGENT_CATCHUP=0 replays after the takeover instead)")
-
-    def collector(self, kind: str) -> Callable[[Any], None]:
-        return lambda item: self.submit(kind, {})
-
-    def ticket(self) -> int:
-        return 0
-
-    def bound(self, ticket: int) -> int | None:
-        return -1
-
-    def seal(self) -> int:
-        return -1
-
-    def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
-        pass
-
-    def flush(self, timeout: float | None = None) -> int:
-        return -1
-
-    def close(self) -> None:
-        pass
 
 
 class _CatchUpRuntime:

@@ -78,3 +78,39 @@ class NoWriter:
 
     def close(self) -> None:
         pass
+
+
+class RefusingWriter:
+    """A writer for a session that must not write (an audit, a standby catching up): every
+    record it is given raises `refuse(kind)`; nothing is ever pending or durable."""
+
+    durable_lsn = -1
+
+    def __init__(self, refuse: Callable[[str], BaseException]):
+        self._refuse = refuse
+
+    def submit(self, kind: str, data: dict, *, lazy: bool = False) -> int:
+        raise self._refuse(kind)
+
+    def collector(self, kind: str) -> Callable[[Any], None]:
+        def refuse(item: Any) -> None:
+            raise self._refuse(kind)
+        return refuse
+
+    def ticket(self) -> int:
+        return 0
+
+    def bound(self, ticket: int) -> int | None:
+        return -1
+
+    def seal(self) -> int:
+        return -1
+
+    def wait_durable(self, lsn: int, timeout: float | None = None) -> None:
+        pass
+
+    def flush(self, timeout: float | None = None) -> int:
+        return -1
+
+    def close(self) -> None:
+        pass

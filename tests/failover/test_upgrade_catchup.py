@@ -32,6 +32,13 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 90
         time.sleep(0.01)
 
 
+def _upgrade_to_itself(c: Cluster, log: Path) -> subprocess.Popen:
+    """`regent upgrade` of `c`'s session to the program it runs, its JSON line on stdout."""
+    return subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session, str(PROGRAMS / c.program),
+                             "--journal", c.journal], env=c.env(), stdout=subprocess.PIPE, stderr=open(log, "w"),
+                            text=True)
+
+
 def _live_calls_after(journal: str, session: str) -> int:
     """Calls journaled after the new program's PROGRAM record: what it ran live."""
     with open_journal(journal) as j:
@@ -52,9 +59,7 @@ def test_mixed_calls_are_caught_up_with_a_running_primary_and_each_runs_once(tmp
     log = tmp_path / "upgrade.err"
     try:
         c.wait_step(c.wait_leader(1), 3)
-        up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session, str(PROGRAMS / "mixed.py"),
-                               "--journal", c.journal], env=c.env(), stdout=subprocess.PIPE, stderr=open(log, "w"),
-                              text=True)
+        up = _upgrade_to_itself(c, log)
         _wait_for(log, "standing by", up)
         hold.unlink()  # the primary calls on while the new program follows the journal
         out, _ = up.communicate(timeout=120)
@@ -116,9 +121,7 @@ def test_an_async_program_is_caught_up_mid_run_with_the_same_wake_ups(tmp_path, 
         while len(_observed(c, pid)) < 10:
             assert primary.poll() is None and time.monotonic() < deadline, c.log_tail()
             time.sleep(0.01)
-        up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session,
-                               str(PROGRAMS / "async_mixed.py"), "--journal", c.journal], env=c.env(),
-                              stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        up = _upgrade_to_itself(c, log)
         out, _ = up.communicate(timeout=120)
         primary.wait(timeout=60)
     finally:
@@ -216,9 +219,7 @@ def test_a_checkpointed_program_is_caught_up_from_its_checkpoint(tmp_path, journ
     log = tmp_path / "upgrade.err"
     try:
         c.wait_step(c.wait_leader(1), 25)  # checkpoints at steps 10 and 20 are behind it
-        up = subprocess.Popen([sys.executable, "-m", "regent.cli", "upgrade", c.session,
-                               str(PROGRAMS / "checkpointed.py"), "--journal", c.journal], env=c.env(),
-                              stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        up = _upgrade_to_itself(c, log)
         _wait_for(log, "standing by", up)
         hold.unlink()
         out, _ = up.communicate(timeout=120)
