@@ -202,11 +202,18 @@ def test_collected_items_are_written_with_nobody_waiting_and_a_record_holds_at_m
         for i in range(GROUP_ITEMS + 3):
             collect([i])
         deadline = time.monotonic() + 10
-        while writer.durable_lsn < 1 and time.monotonic() < deadline:
+        while len(_items(journal, session)) < GROUP_ITEMS + 3 and time.monotonic() < deadline:
             time.sleep(0.01)  # nobody waits, nothing wakes the writer: it looks by itself
-        assert writer.durable_lsn == 1
-    assert [len(r.data["items"]) for r in journal.read(session)] == [GROUP_ITEMS, 3]
+    # Two records when the loop outruns the writer's delay; more where a loaded machine let the
+    # writer wake while it ran. Never more than GROUP_ITEMS in one, nothing lost or reordered.
+    sizes = [len(r.data["items"]) for r in journal.read(session)]
+    assert len(sizes) >= 2 and max(sizes) <= GROUP_ITEMS, sizes
+    assert _items(journal, session) == [[i] for i in range(GROUP_ITEMS + 3)]
     lead.close()
+
+
+def _items(journal: Journal, session: str) -> list:
+    return [item for r in journal.read(session) for item in r.data["items"]]
 
 
 def test_items_collected_from_many_threads_are_each_written_once_in_order_per_thread(
