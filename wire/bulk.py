@@ -2,20 +2,26 @@
 
 A message to a peer on this host (a loopback address) whose payload has frames of at least
 REGENT_BULK_BYTES (default 256 KiB; 0 turns this off) goes as a BULK envelope: the control
-message with those frames left empty, and for each a segment in /dev/shm that holds its bytes
-(created 0600 by this user, written once). The receiver maps each segment copy-on-write (a
+message with those frames left empty, and for each a segment in /dev/shm (created 0600 by this
+user) that holds its bytes after a header page. The receiver maps the frame copy-on-write (a
 tensor or array over it needs no copy, and a receiver that writes to it changes only its own
-pages), unlinks it at once, and handles the message as if the bytes had come inline. The
-envelope itself travels on the CURVE socket like any message, so only an authenticated peer
-names a segment; the receiver still checks each name, owner, mode and size before mapping.
+pages) and handles the message as if the bytes had come inline. The envelope itself travels on
+the CURVE socket like any message, so only an authenticated peer names a segment; the receiver
+still checks each name, owner, mode, size and generation before mapping.
 
-Lifetimes. A mapping lives as long as something holds it (the tensor the program got, say),
-since the name is gone once mapped. A segment nobody mapped is unlinked by its sender when
-it learns the receiver is gone (`forget`: a dead proc, a deposed controller, a peer closed), at
-its exit, and after SEGMENT_TTL_S in any case; by `sweep` (the host agent runs it) once its
-sender is dead. A receiver that finds a segment gone drops
-the message, as for any message lost: a controller sends an unanswered call again, and a proc
-answers it again from its results.
+Reuse. The header holds three generations: the one the sender handed out, the one a receiver
+took, the one it released. A receiver writes its release when its mapping is collected (nothing
+holds a tensor, array or view over it any more); the sender then writes the next frame of that
+size class into the same pages, already allocated, at the speed of a memory copy rather than
+tmpfs's page allocation (REGENT_BULK_POOL_BYTES of free segments are kept, 256 MiB by default;
+one idle for POOL_IDLE_S is given back).
+
+Lifetimes. A mapping lives as long as something holds it, whatever the sender does. A segment
+nobody took is unlinked by its sender when it learns the receiver is gone (`forget`: a dead proc,
+a deposed controller, a peer closed), at its exit, and after SEGMENT_TTL_S in any case; every
+segment of a dead sender by `sweep` (the host agent runs it). A receiver that finds a segment gone
+drops the message, as for any message lost: a controller sends an unanswered call again, and a
+proc answers it again from its results.
 
 To a peer on another host the same envelope names the sender's data port instead, and the
 receiver fetches the frames over TCP, AES-GCM encrypted under a key only the envelope carries
@@ -25,14 +31,17 @@ receiver fetches the frames over TCP, AES-GCM encrypted under a key only the env
 from __future__ import annotations
 
 import atexit
-import collections
+import contextlib
+import errno
 import mmap
 import os
 import re
 import secrets
 import stat
+import struct
 import threading
 import time
+import weakref
 from typing import Any
 
 import structlog
@@ -51,6 +60,31 @@ SEGMENT_TTL_S = bulk_tcp.TTL_S
 DEAD_SENDER_GRACE_S = 5.0  # `sweep` leaves a dead sender's segment this long (it may be in flight)
 _NAME = re.compile(r"regent-(\d+)-(\d+)-(\d+)-[0-9a-f]{8}")
 ROUTE_ENV = "REGENT_BULK_ROUTE"
+HEADER = mmap.PAGESIZE  # a segment's first page: its generations; the frame's bytes follow
+_GENERATIONS = struct.Struct("<QQQ")  # handed out (by the sender), taken, released (by its receiver)
+_TAKEN, _RELEASED = 8, 16
+MIN_CAPACITY = 64 * 1024
+POOL_ENV = "REGENT_BULK_POOL_BYTES"
+DEFAULT_POOL_BYTES = 256 << 20
+POOL_IDLE_S = 30.0  # a free segment unused this long is given back to the system
+
+
+def pool_bytes() -> int:
+    """How many bytes of released segments a sender keeps for reuse ($REGENT_BULK_POOL_BYTES)."""
+    raw = os.environ.get(POOL_ENV, "")
+    try:
+        value = int(raw) if raw else DEFAULT_POOL_BYTES
+    except ValueError:
+        raise ValueError(f"{POOL_ENV}={raw!r} must be a number of bytes (0 keeps no segment for reuse)") from None
+    if value < 0:
+        raise ValueError(f"{POOL_ENV}={raw!r} must be 0 or more")
+    return value
+
+
+def _capacity(size: int) -> int:
+    """The size class of a segment holding `size` bytes: a power of two, so a reused segment fits
+    the next frame of about the same size (tmpfs allocates only the pages written)."""
+    return max(MIN_CAPACITY, 1 << (size - 1).bit_length())
 
 
 def bulk_bytes(path: str = "shm") -> int:
@@ -83,53 +117,169 @@ def route(address: str) -> str:
     return "shm" if forced != "tcp" and is_local(address) else "tcp"
 
 
+class _Segment:
+    __slots__ = ("name", "capacity", "map", "gen", "to", "since")
+
+    def __init__(self, name: str, capacity: int, mapping: mmap.mmap) -> None:
+        self.name, self.capacity, self.map = name, capacity, mapping
+        self.gen, self.to, self.since = 0, "", 0.0
+
+    def generations(self) -> tuple[int, int, int]:
+        return _GENERATIONS.unpack_from(self.map, 0)
+
+    def drop(self) -> None:
+        _unlink(self.name)
+        with contextlib.suppress(BufferError):
+            self.map.close()  # a view of it still being written keeps it until collected
+
+
 class _Segments:
-    """The segments this process created and no receiver has taken yet, oldest first."""
+    """A sender's segments: those handed out to receivers, by name, and the released ones kept
+    for reuse (least recently used first). A segment is reused only once its receiver wrote its
+    release (its mapping is gone); one never taken is unlinked after SEGMENT_TTL_S, and those
+    sent to a receiver that is gone are unlinked at once, never reused."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.made: collections.deque[tuple[float, str, str]] = collections.deque()  # when, name, to
+        self.out: dict[str, _Segment] = {}
+        self.free: list[_Segment] = []
         self.count = 0
         self.registered = False
+        self.trimming = False
 
     def new_name(self) -> str:
-        with self.lock:
-            self.count += 1
-            if not self.registered:
-                atexit.register(self.remove_all)
-                self.registered = True
-            return f"regent-{os.getuid()}-{os.getpid()}-{self.count}-{secrets.token_hex(4)}"
+        self.count += 1
+        if not self.registered:
+            atexit.register(self.remove_all)
+            self.registered = True
+        return f"regent-{os.getuid()}-{os.getpid()}-{self.count}-{secrets.token_hex(4)}"
 
-    def keep(self, name: str, to: str) -> None:
-        now = time.monotonic()
+    def write(self, data: Any, to: str) -> _Segment:
+        """A segment holding `data`, handed out to the inbox at `to`."""
+        view = memoryview(data).cast("B")
+        size = len(view)
         with self.lock:
-            self.made.append((now, name, to))
-            expired = []
-            while self.made and now - self.made[0][0] > SEGMENT_TTL_S:
-                expired.append(self.made.popleft()[1])
-        for old in expired:
-            _unlink(old)
+            self._collect(time.monotonic())
+            seg = next((s for s in self.free if s.capacity == _capacity(size)), None)
+            if seg is not None:
+                self.free.remove(seg)
+            else:
+                name = self.new_name()
+        if seg is not None:
+            seg.map[HEADER:HEADER + size] = view  # pages written before: a copy at memory speed
+        else:
+            seg = self._create(name, view)
+        seg.gen += 1
+        _GENERATIONS.pack_into(seg.map, 0, seg.gen, 0, 0)
+        seg.to, seg.since = to, time.monotonic()
+        with self.lock:
+            self.out[seg.name] = seg
+        return seg
+
+    def _create(self, name: str, view: memoryview) -> _Segment:
+        capacity = _capacity(len(view))
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, HEADER + capacity)
+            at = 0
+            while at < len(view):  # into fresh pages, write(2) is faster than faulting a mapping
+                at += os.pwrite(fd, view[at:at + (1 << 30)], HEADER + at)
+            return _Segment(name, capacity, mmap.mmap(fd, HEADER + capacity))
+        except BaseException:
+            _unlink(name)
+            raise
+        finally:
+            os.close(fd)
+
+    def _collect(self, now: float) -> None:
+        """Move released segments to the free list; unlink those never taken within the TTL and
+        the free ones beyond the pool's bound or idle too long. Called with the lock held."""
+        for name, seg in list(self.out.items()):
+            gen, taken, released = seg.generations()
+            if released == seg.gen:
+                del self.out[name]
+                seg.since = now
+                self.free.append(seg)
+            elif taken != seg.gen and now - seg.since > SEGMENT_TTL_S:
+                del self.out[name]
+                seg.drop()
+        keep, kept = pool_bytes(), 0
+        for seg in reversed(list(self.free)):
+            kept += seg.capacity
+            if kept > keep or now - seg.since > POOL_IDLE_S:
+                self.free.remove(seg)
+                seg.drop()
+        if self.free and not self.trimming:
+            self.trimming = True
+            threading.Thread(target=self._trim, name="regent-bulk-trim", daemon=True).start()
+
+    def _trim(self) -> None:
+        """Give idle free segments back while any are kept (the process may send no more)."""
+        while True:
+            time.sleep(POOL_IDLE_S / 3)
+            with self.lock:
+                self._collect(time.monotonic())
+                if not self.free:
+                    self.trimming = False
+                    return
 
     def remove_all(self) -> None:
         self.remove(lambda to: True)
+        with self.lock:
+            free, self.free = self.free, []
+        for seg in free:
+            seg.drop()
 
     def remove(self, which: Any) -> None:
         with self.lock:
-            names = [n for _, n, to in self.made if which(to)]
-            self.made = collections.deque(m for m in self.made if not which(m[2]))
-        for name in names:
-            _unlink(name)
+            gone = [s for s in self.out.values() if which(s.to)]
+            for seg in gone:
+                del self.out[seg.name]
+        for seg in gone:
+            seg.drop()
+
+    def give_back(self, name: str) -> None:
+        """An envelope not sent after all: its segment is free again."""
+        with self.lock:
+            seg = self.out.pop(name, None)
+            if seg is not None:
+                _GENERATIONS.pack_into(seg.map, 0, seg.gen, seg.gen, seg.gen)
+                seg.since = time.monotonic()
+                self.free.append(seg)
+
+
+def _release(name: str, gen: int) -> None:
+    """A receiver's mapping of segment `name` is gone: its sender may reuse it."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # its sender gave it up (or died and it was swept)
+    try:
+        os.pwrite(fd, struct.pack("<Q", gen), _RELEASED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 _segments = _Segments()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a proc from its host's zygote) holds none of its parent's segments."""
+    global _segments
+    _segments = _Segments()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _unlink(name: str) -> bool:
     try:
         os.unlink(os.path.join(SHM_DIR, name))
         return True
-    except FileNotFoundError:
-        return False  # its receiver took it
+    except OSError:
+        return False  # gone already (or another user's, in the sticky /dev/shm)
 
 
 def forget(address: str) -> None:
@@ -137,23 +287,6 @@ def forget(address: str) -> None:
     never took."""
     _segments.remove(lambda to: to == address)
     bulk_tcp.forget(address)
-
-
-def _write_segment(data: Any, to: str) -> tuple[str, int]:
-    view = memoryview(data).cast("B")
-    name = _segments.new_name()
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    try:
-        at = 0
-        while at < len(view):
-            at += os.write(fd, view[at:at + (1 << 30)])
-    except BaseException:
-        os.close(fd)
-        _unlink(name)
-        raise
-    os.close(fd)
-    _segments.keep(name, to)
-    return name, len(view)
 
 
 def export(frames: list, threshold: int, to: str) -> list:
@@ -172,12 +305,12 @@ def export(frames: list, threshold: int, to: str) -> list:
     body = list(inner)
     try:
         for i in big:
-            name, size = _write_segment(inner[i], to)
-            segments.append([i, name, size])
+            seg = _segments.write(inner[i], to)
+            segments.append([i, seg.name, len(inner[i]), seg.gen])
             body[i] = b""
     except OSError as e:  # /dev/shm full or missing: the bytes go inline, as they always could
-        for _, name, _ in segments:
-            _unlink(name)
+        for _, name, _, _ in segments:
+            _segments.give_back(name)
         log.warning("could not put a large frame in shared memory; sending it inline", error=str(e))
         return frames
     return [*outer, *protocol.encode(Kind.BULK, {"seg": segments}, body)]
@@ -192,60 +325,91 @@ def discard(frames: list) -> None:
             if "tcp" in meta:
                 bulk_tcp.discard(frames)
                 return
-            for _, name, _ in meta["seg"]:
-                _unlink(name)
+            for _, name, _, _ in meta["seg"]:
+                _segments.give_back(name)
             return
 
 
-def _map(name: Any, size: Any, limit: int) -> memoryview:
-    if not isinstance(name, str) or not isinstance(size, int) or not 0 < size <= limit:
-        raise BulkError(f"segment {name!r} of {size!r} bytes is not one this process takes (limit {limit})")
-    match = _NAME.fullmatch(name)
-    if match is None or int(match.group(1)) != os.getuid():
-        raise BulkError(f"segment name {name!r} is not a regent segment of this user")
+def _map(name: str, size: Any, gen: Any, limit: int) -> memoryview:
+    """Segment `name`'s frame, mapped copy-on-write, marked taken; its release is written when
+    the mapping is collected (nothing holds a view of it any more)."""
+    if not isinstance(size, int) or not 0 < size <= limit or not isinstance(gen, int) or gen <= 0:
+        raise BulkError(f"segment {name!r} of {size!r} bytes, generation {gen!r}, is not one this "
+                        f"process takes (limit {limit})")
     try:
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise BulkError(f"segment {name} is gone (its sender gave it up, or it was taken already; set "
-                        "REGENT_BULK_BYTES=0 on both sides if this host's processes do not share /dev/shm)") from None
+        raise BulkError(f"segment {name} is gone (its sender gave it up; set REGENT_BULK_BYTES=0 on both "
+                        "sides if this host's processes do not share /dev/shm)") from None
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            _unlink(name)  # a symbolic link: not a segment any sender of this user made
         raise BulkError(f"cannot open segment {name}: {e}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077 or st.st_size != size:
-            raise BulkError(f"segment {name} is not a private file of this user of {size} bytes")
-        flags = mmap.MAP_PRIVATE
-        mapping = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077 \
+                or st.st_size < HEADER + size:
+            _unlink(name)  # not a segment any sender of this user made: nobody should take it
+            raise BulkError(f"segment {name} is not a private file of this user of {size} bytes or more")
+        handed, taken, _ = _GENERATIONS.unpack(os.pread(fd, _GENERATIONS.size, 0))
+        if handed != gen or taken == gen:
+            raise BulkError(f"segment {name} was taken already or reused (generation {handed}, "
+                            f"taken {taken}, this envelope's {gen})")
+        os.pwrite(fd, struct.pack("<Q", gen), _TAKEN)
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                            offset=HEADER)
     finally:
         os.close(fd)
-        _unlink(name)
+    weakref.finalize(mapping, _release, name, gen)
     return memoryview(mapping)
 
 
 def take(frames: list, meta: Any, limit: int) -> list:
     """The message inside a BULK envelope (`frames` its payload, `meta` its metadata), its
     frames mapped from their segments (or fetched from the sender's data port, bulk_tcp.take).
-    Raises BulkError, having unlinked every segment it names, when it cannot."""
+    Raises BulkError, having given back to its sender every segment it did not map, when it cannot."""
     if isinstance(meta, dict) and "tcp" in meta:
         return bulk_tcp.take(frames, meta, limit)
     segments = meta.get("seg") if isinstance(meta, dict) else None
-    names = [s[1] for s in segments if isinstance(s, list) and len(s) == 3] if isinstance(segments, list) else []
+    names = [s[1] for s in segments if isinstance(s, list) and len(s) == 4 and isinstance(s[1], str)
+             and (m := _NAME.fullmatch(s[1])) and int(m.group(1)) == os.getuid()] \
+        if isinstance(segments, list) else []
+    mapped = set()
     try:
         if not names or len(names) != len(segments) or len(segments) > len(frames):
-            raise BulkError("a bulk envelope whose 'seg' is not a list of [frame, name, size]")
+            raise BulkError("a bulk envelope whose 'seg' is not a list of [frame, name, size, generation] "
+                            "naming segments of this user")
         if sum(s[2] for s in segments if isinstance(s[2], int)) > limit:
             raise BulkError(f"a bulk envelope of more than {limit} bytes (REGENT_MAX_MESSAGE_BYTES)")
         out = list(frames)
-        for index, name, size in segments:
+        for index, name, size, gen in segments:
             if not isinstance(index, int) or not 1 <= index < len(out) or len(out[index]):
                 raise BulkError(f"a bulk envelope names frame {index!r}, not an empty payload frame")
-            out[index] = _map(name, size, limit)
+            out[index] = _map(name, size, gen, limit)
+            mapped.add(name)
         return out
     except BulkError:
-        for name in names:
-            if isinstance(name, str) and _NAME.fullmatch(name):
-                _unlink(name)
+        for seg in segments if names else ():
+            if seg[1] not in mapped:
+                _refuse(seg[1], seg[3])
         raise
+
+
+def _refuse(name: str, gen: Any) -> None:
+    """Give a segment of a refused envelope back to its sender at once (taken and released),
+    unless another receiver took it or it was reused."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        handed, taken, _ = _GENERATIONS.unpack(os.pread(fd, _GENERATIONS.size, 0).ljust(_GENERATIONS.size, b"\0"))
+        if isinstance(gen, int) and handed == gen and taken != gen:
+            os.pwrite(fd, _GENERATIONS.pack(gen, gen, gen), 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def sweep(grace_s: float = DEAD_SENDER_GRACE_S) -> int:
@@ -287,3 +451,18 @@ def held(pid: int | None = None) -> list[str]:
     return sorted(n for n in names if (m := _NAME.fullmatch(n)) and int(m.group(1)) == uid
                   and (pid is None or int(m.group(2)) == pid))
 
+
+
+def in_use(pid: int | None = None) -> list[str]:
+    """Those of `held(pid)` not released by a receiver: in flight, or mapped by one (a sender's
+    free segments, kept for reuse, are left out)."""
+    out = []
+    for name in held(pid):
+        try:
+            with open(os.path.join(SHM_DIR, name), "rb") as f:
+                handed, _, released = _GENERATIONS.unpack(f.read(_GENERATIONS.size).ljust(_GENERATIONS.size, b"\0"))
+        except OSError:
+            continue
+        if handed != released:
+            out.append(name)
+    return out

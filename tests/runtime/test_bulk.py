@@ -1,12 +1,13 @@
 """Large frames out of band through shared memory between processes of one host (wire.bulk):
 tensors and arrays in calls and results arrive equal, with their dtype and shape, on every
-route; a segment is private, checked before it is mapped, unlinked once taken, and given up
-by its sender, a dead sender's sweep or its receiver's end; a receiver that cannot take one
-drops the message and its sender sends it again."""
+route; a segment is private, checked before it is mapped, taken once, reused by its sender only
+once its receiver let go of it, and given up by its sender, a dead sender's sweep or its
+receiver's end; a receiver that cannot take one drops the message and its sender sends it again."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -43,16 +44,55 @@ def _envelope(*payload: bytes) -> tuple[list, dict]:
 def test_a_large_frame_travels_in_a_private_segment_taken_once():
     small, big = b"s" * 100, os.urandom(BIG)
     inner, meta = _envelope(small, big)
-    [[index, name, size]] = meta["seg"]
+    [[index, name, size, _]] = meta["seg"]
     assert (index, size) == (3, BIG) and inner[3] == b"" and inner[2] == small  # only the large frame moved
     path = Path(bulk.SHM_DIR) / name
     assert path.stat().st_mode & 0o777 == 0o600
     frames = bulk.take(inner, meta, 1 << 30)
-    assert not path.exists()  # unlinked as it was mapped
-    assert bytes(frames[3]) == big and bytes(frames[2]) == small
+    assert bytes(frames[3]) == big and bytes(frames[2]) == small and name in bulk.in_use()
     frames[3][:4] = b"\0\0\0\0"  # a receiver may write to its mapping: its own pages only
-    with pytest.raises(bulk.BulkError, match="gone"):
-        bulk.take(inner, meta, 1 << 30)  # the same envelope twice: its segment was taken
+    with pytest.raises(bulk.BulkError, match="taken already"):
+        bulk.take(inner, meta, 1 << 30)  # the same envelope twice
+    del frames
+    gc.collect()
+    assert name not in bulk.in_use() and name in bulk.held()  # released: kept for the next frame
+    bulk.forget("tcp://127.0.0.1:1")
+
+
+def test_a_segment_is_reused_only_once_its_receiver_let_go_of_it():
+    first = [os.urandom(BIG) for _ in range(3)]
+    held = [bulk.take(*_envelope(b), 1 << 30)[2] for b in first]  # three mappings alive
+    names = [bulk.held()]
+    inner, meta = _envelope(os.urandom(BIG))
+    fourth = meta["seg"][0][1]
+    assert all(bytes(h) == b for h, b in zip(held, first, strict=True))  # none was written over
+    assert fourth not in names[0]  # nothing released: a new segment
+    bulk.take(inner, meta, 1 << 30)  # taken and dropped at once: released
+    gc.collect()
+    again = _envelope(os.urandom(BIG))[1]["seg"][0]
+    assert again[1] == fourth and again[3] == 2  # the same pages, its second generation
+    with pytest.raises(bulk.BulkError, match="taken already or reused"):
+        bulk.take(inner, meta, 1 << 30)  # the first generation's envelope names the reused segment
+    assert all(bytes(h) == b for h, b in zip(held, first, strict=True))
+    del held
+    gc.collect()
+    bulk.forget("tcp://127.0.0.1:1")
+
+
+def test_the_free_segments_a_sender_keeps_are_bounded(monkeypatch):
+    monkeypatch.setenv(bulk.POOL_ENV, str(2 * BIG))
+    for _ in range(4):
+        bulk.take(*_envelope(os.urandom(BIG), os.urandom(BIG), os.urandom(BIG)), 1 << 30)
+        gc.collect()
+    _envelope(os.urandom(BIG // 2))  # collects: three released, room for two
+    bulk.forget("tcp://127.0.0.1:1")
+    gc.collect()
+    mine = bulk.held(os.getpid())
+    assert len(mine) <= 3 and not bulk.in_use(os.getpid()), mine
+    monkeypatch.setenv(bulk.POOL_ENV, "0")
+    _envelope(os.urandom(BIG // 2))
+    bulk.forget("tcp://127.0.0.1:1")
+    assert bulk.held(os.getpid()) == []
 
 
 def test_a_small_message_and_a_peer_elsewhere_are_left_alone():
@@ -68,7 +108,7 @@ def test_a_relayed_message_is_wrapped_inside_its_relay_header():
     assert not batchable(out[1:], 100)  # and never inside a batch: the receiver's transport opens it
     bulk.discard(out[1:])
     _, meta, _ = wire.decode(out[1:])
-    assert not (Path(bulk.SHM_DIR) / meta["seg"][0][1]).exists()
+    assert meta["seg"][0][1] not in bulk.in_use()  # not sent: free for the next frame
 
 
 @pytest.mark.parametrize("defect", ["foreign name", "other user", "symlink", "readable by others", "wrong size",
@@ -90,7 +130,7 @@ def test_a_segment_that_is_not_a_private_file_of_this_user_is_refused_and_remove
     elif defect == "readable by others":
         path.chmod(0o644)
     elif defect == "wrong size":
-        meta["seg"][0][2] = BIG - 1
+        meta["seg"][0][2] = 4 * BIG  # more than the file holds
     elif defect == "not empty":
         inner[2] = b"not a placeholder"
         meta["seg"][0][0] = 2
@@ -98,9 +138,14 @@ def test_a_segment_that_is_not_a_private_file_of_this_user_is_refused_and_remove
         limit = BIG - 1
     with pytest.raises(bulk.BulkError):
         bulk.take(inner, meta, limit)
-    if defect in ("foreign name", "other user"):
+    if defect in ("foreign name", "other user"):  # not taken, nor touched
+        assert name in bulk.in_use()
+        path.unlink()
+    elif defect in ("not empty", "over the limit"):  # a sound segment of a refused envelope: back to its sender
+        assert name in bulk.held() and name not in bulk.in_use()
         path.unlink()
     assert not path.exists() and not path.is_symlink()
+    bulk.forget("tcp://127.0.0.1:1")
 
 
 def test_segments_of_a_dead_sender_are_swept_and_a_live_senders_kept():
@@ -184,9 +229,20 @@ def route(request, own_home) -> str:
     return request.param
 
 
-def _session_segments(s: Session, mesh) -> list[str]:
-    pids = [os.getpid(), *mesh.pid.call().get(timeout=30).values()]
-    return [n for p in pids for n in bulk.held(p)]
+def _pids(mesh) -> list[int]:
+    return [os.getpid(), *mesh.pid.call().get(timeout=30).values()]
+
+
+def _in_use(pids: list[int]) -> list[str]:
+    gc.collect()
+    return [n for p in pids for n in bulk.in_use(p)]
+
+
+def _all_released(mesh) -> None:
+    """Every segment of the session let go of once the program drops its values (a proc lets go of
+    its calls' arguments when it has answered, of its results at the watermark)."""
+    pids = _pids(mesh)
+    wait_for(lambda: not _in_use(pids), 10, "every segment released")
 
 
 def test_tensors_and_arrays_of_every_dtype_and_shape_echo_equal(route):
@@ -202,7 +258,25 @@ def test_tensors_and_arrays_of_every_dtype_and_shape_echo_equal(route):
             assert all(_same(value, r["v"]) and r["n"] == 3 for r in got.values())
         a = np.arange(BIG, dtype=np.int64)
         assert np.array_equal(one.add_one.call_one(a).get(timeout=60), a + 1) and a[0] == 0
-        assert _session_segments(s, mesh) == []  # every segment taken
+        del got
+        _all_released(mesh)
+
+
+def test_values_the_program_holds_stay_intact_while_segments_are_reused(own_home):
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    with Session("bulk-reuse", journal="off") as s:
+        mesh = s.spawn_procs(per_host={"procs": 1}).spawn("e", Echo)
+        pids = _pids(mesh)
+        before = set(bulk.held(os.getpid()))  # this process's free segments from earlier tests
+        kept = [mesh.echo.call_one(torch.full((BIG,), float(i))).get(timeout=60) for i in range(4)]
+        for i in range(4, 12):  # the program drops these at once: their segments come back
+            assert torch.equal(mesh.echo.call_one(torch.full((BIG,), float(i))).get(timeout=60),
+                               torch.full((BIG,), float(i)))
+        assert all(torch.equal(k, torch.full((BIG,), float(i))) for i, k in enumerate(kept))
+        made = {p: len(set(bulk.held(p)) - before) for p in pids}
+        assert all(n <= 8 for n in made.values()), made  # 12 echoes each way, not 12 segments each
+        del kept
+        _all_released(mesh)
 
 
 def test_a_large_result_in_a_journaled_session(own_home, tmp_path):
@@ -212,7 +286,10 @@ def test_a_large_result_in_a_journaled_session(own_home, tmp_path):
     with Session("bulk-journal", journal=journal) as s:
         mesh = s.spawn_procs(per_host={"procs": 1}).spawn("e", Echo)
         assert _same(value, mesh.echo.call_one(value).get(timeout=60))
-        assert _session_segments(s, mesh) == []
+        pids = _pids(mesh)  # the proc keeps the result (over the call's segment) for a standby
+    wait_for(lambda: not [n for p in pids for n in bulk.held(p) if p != os.getpid()], 20,
+             "the proc's segments gone with it")
+    assert not _in_use([os.getpid()])
 
 
 def test_a_receiver_killed_before_it_reads_leaves_no_segment(own_home):
@@ -222,9 +299,9 @@ def test_a_receiver_killed_before_it_reads_leaves_no_segment(own_home):
         pid = mesh.pid.call_one().get(timeout=30)
         os.kill(pid, signal.SIGSTOP)  # it never reads the call
         mesh.echo.call_one(torch.zeros(BIG))
-        wait_for(lambda: bulk.held(os.getpid()), 10, "the call's segment was written")
+        wait_for(lambda: bulk.in_use(os.getpid()), 10, "the call's segment was written")
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not bulk.held(os.getpid()), 20, "the dead receiver's segment was given up")
+        wait_for(lambda: not bulk.in_use(os.getpid()), 20, "the dead receiver's segment was given up")
 
 
 def test_turned_off_large_frames_travel_inline(own_home):
@@ -233,4 +310,5 @@ def test_turned_off_large_frames_travel_inline(own_home):
         mesh = s.spawn_procs(per_host={"procs": 1}).spawn("e", Echo)
         value = torch.arange(1 << 20)
         assert _same(value, mesh.echo.call_one(value).get(timeout=60))
-        assert _session_segments(s, mesh) == []
+        pids = _pids(mesh)
+        assert not [n for p in pids[1:] for n in bulk.held(p)] and not _in_use(pids[:1])

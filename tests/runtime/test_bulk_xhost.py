@@ -299,7 +299,8 @@ def test_tensors_and_arrays_above_and_below_the_threshold_echo_equal_over_tcp(ro
         a = np.arange(1 << 18, dtype=np.int64)
         assert np.array_equal(one.add_one.call_one(a).get(timeout=60), a + 1) and a[0] == 0
         pids = [os.getpid(), *mesh.pid.call().get(timeout=30).values()]
-        assert [n for p in pids for n in bulk.held(p)] == []  # nothing went through /dev/shm
+        # nothing went through /dev/shm (this process may keep free segments of earlier tests)
+        assert not [n for p in pids[1:] for n in bulk.held(p)] and not bulk.in_use(pids[0])
         assert bulk_tcp.offered() == 0 and bulk_tcp.served() > served  # every call's large frames fetched
         procs = mesh.offered.call().get(timeout=30).values()
         assert all(offered == 0 and served > 0 for offered, served in procs)  # every result's too
