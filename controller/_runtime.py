@@ -122,6 +122,9 @@ class Runtime(_HostTable):
         self._last_hello = 0.0
         self._issued = 0  # calls issued, for drain_ready
         self.checkpoint_seq = -1
+        # Without a journal no replay can ask a proc for a result again: large results are
+        # released with the rest, not kept for a checkpoint that never comes.
+        self.replayable = True
         self.fenced: str | None = None
         self.orphan_timeout_s: float | None = None
         # Casts through host agents (REGENT_RELAY=1): every message to a proc goes through its
@@ -601,7 +604,7 @@ class Runtime(_HostTable):
             through = self.outcomes.release_through()
         else:
             through = self.core.releasable_through
-        mark = (through, self.checkpoint_seq)
+        mark = (through, self.checkpoint_seq if self.replayable else through)
         # A deposed controller releases nothing: what it journaled is the new leader's to judge.
         if mark != self._sent_watermark and self.fenced is None:
             self._sent_watermark = mark

@@ -316,6 +316,7 @@ class LiveEdge:
                                interrupt=raise_pending_handoff,
                                bind_host=self.address, metrics=metrics)
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
+        self.runtime.replayable = self.journaled
         self.supervisor = Supervisor(self.runtime, self._record_supervision, self.sid,
                                      sys_path(), clusters=self.clusters,
                                      journaled=self.replay.supervision if self.replay is not None else [],
