@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from regent.controller._runtime import RESEND_FIRST_S
+from regent.controller._links import RESEND_FIRST_S
 from regent.controller.edge import LiveEdge, RunFinished, in_regent
 from regent.controller.ephemeral import RefusingWriter
 from regent.controller.refs import ProcRef, Wire

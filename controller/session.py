@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import structlog
 
 from regent import wire
-from regent.controller._runtime import RESEND_FIRST_S
+from regent.controller._links import RESEND_FIRST_S
 from regent.controller.catchup import CatchUpEdge, wants_catchup
 from regent.controller.checkpoints import Checkpoints
 from regent.controller.core import ControllerCore, Outcome, PendingCall

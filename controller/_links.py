@@ -1,0 +1,108 @@
+"""Watching the controller's links to its workers, mixed into Runtime (controller/_runtime.py),
+whose sockets, procs and calls these methods use: a link that broke and came back has its
+outstanding calls sent again, a call unanswered for its wait is sent again under the same id
+(workers dedupe), and a peer whose authentication handshake fails is named once."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import time
+from typing import Any
+
+import structlog
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from regent.wire.transport import Peer, PeerGone
+
+log = structlog.get_logger("regent.controller")
+
+# A call unanswered this long is sent again under the same id (workers dedupe: a repeat
+# joins the execution in flight or gets the cached result); the wait then doubles.
+RESEND_FIRST_S = 3.0
+RESEND_MAX_S = 60.0
+_HANDSHAKE_FAILED = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a protocol error, e.g. a server key other than the expected one",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server refused our key",
+}
+_HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, _HANDSHAKE_FAILED)
+
+
+class _Links:
+    """Link monitors and resends. Uses the Runtime's `core`, `outbox`, `_relay_host` and
+    `try_send_to_proc`, and the bookkeeping its __init__ sets up."""
+
+    _monitors: list
+    _unproven: dict[str, str]
+    _reconnects: dict[int, int]
+    _resend_all: bool
+    _next_overdue_scan: float
+    core: Any
+    outbox: Any
+
+    def _watch(self, peer: Peer) -> None:
+        mon = peer.sock.get_monitor_socket(zmq.EVENT_CONNECTED | _HANDSHAKE_EVENTS)
+        self._monitors.append((mon, peer))
+
+    def _check_links(self) -> None:
+        """Resend outstanding calls over links that broke and came back."""
+        peers: set[str] = set()
+        for mon, peer in list(self._monitors):
+            while True:
+                try:
+                    event = recv_monitor_message(mon, zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    break
+                if peer is None:  # a worker's reply link to our inbox broke
+                    self._resend_all = True
+                    continue
+                kind = event.get("event")
+                if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._unproven.pop(peer.address, None)
+                    continue
+                if kind in _HANDSHAKE_FAILED:
+                    why = f"its authentication handshake failed ({_HANDSHAKE_FAILED[kind]})"
+                    if self._unproven.get(peer.address) != why:  # once, not on every reconnect
+                        log.warning("a peer failed the authentication handshake", peer=peer.address,
+                                    detail=_HANDSHAKE_FAILED[kind])
+                    self._unproven[peer.address] = why
+                    continue
+                self._unproven.setdefault(peer.address, "it accepted the connection but has not "
+                                                        "completed the authentication handshake")
+                seen = self._reconnects.get(id(peer), 0) + 1
+                self._reconnects[id(peer)] = seen
+                if seen > 1:
+                    peers.add(peer.address)
+                    log.info("link to a worker came back; resending its outstanding calls", peer=peer.address,
+                             zmq_event=str(event.get("event")))
+        now = time.monotonic()
+        everything, self._resend_all = self._resend_all, False
+        overdue: set[int] = set()
+        if now >= self._next_overdue_scan:
+            self._next_overdue_scan = now + 1.0
+            for call in self.core.calls.values():
+                if call.wire is None:
+                    continue
+                w = call.wire
+                if now - w.sent_at >= w.wait:
+                    # Whatever was lost without a visible disconnect is recovered here.
+                    overdue.add(call.seq)
+                    w.sent_at, w.wait = now, min(w.wait * 2, RESEND_MAX_S)
+        if not peers and not everything and not overdue:
+            return
+        pending = [(c, r) for c in self.core.calls.values() if c.wire is not None
+                   for r in c.targets if r not in c.results]
+        for call, rank in pending:
+            proc = call.wire.procs[rank]
+            if not proc.alive:
+                continue
+            if not (everything or call.seq in overdue or self.outbox.route_of(self._relay_host(proc) or proc.address) in peers):
+                continue
+            try:
+                self.try_send_to_proc(proc, call.wire.message(rank))
+            except PeerGone:
+                pass
