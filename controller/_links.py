@@ -22,6 +22,11 @@ log = structlog.get_logger("regent.controller")
 # joins the execution in flight or gets the cached result); the wait then doubles.
 RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
+# An overdue call to a proc that has answered anything since it was sent is queued or running
+# there, not lost (a reconnect, which can lose messages, resends on its own): it is sent again
+# only once this old. Resending it sooner only doubles the work of a proc and a controller that
+# are behind already (thousands of broadcasts queued behind each other, say).
+PROGRESS_PATIENCE_S = 20.0
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a protocol error, e.g. a server key other than the expected one",
@@ -39,6 +44,8 @@ class _Links:
     _reconnects: dict[int, int]
     _resend_all: bool
     _next_overdue_scan: float
+    resends: dict[str, int]  # calls sent again, by reason ("link", "overdue"), and "deferred"
+    heard: dict[str, float]  # proc id -> when it last answered a call
     core: Any
     outbox: Any
 
@@ -81,7 +88,7 @@ class _Links:
                              zmq_event=str(event.get("event")))
         now = time.monotonic()
         everything, self._resend_all = self._resend_all, False
-        overdue: set[int] = set()
+        overdue: dict[int, float] = {}  # seq -> when it was last sent
         if now >= self._next_overdue_scan:
             self._next_overdue_scan = now + 1.0
             for call in self.core.calls.values():
@@ -90,7 +97,7 @@ class _Links:
                 w = call.wire
                 if now - w.sent_at >= w.wait:
                     # Whatever was lost without a visible disconnect is recovered here.
-                    overdue.add(call.seq)
+                    overdue[call.seq] = w.sent_at
                     w.sent_at, w.wait = now, min(w.wait * 2, RESEND_MAX_S)
         if not peers and not everything and not overdue:
             return
@@ -100,9 +107,17 @@ class _Links:
             proc = call.wire.procs[rank]
             if not proc.alive:
                 continue
-            if not (everything or call.seq in overdue or self.outbox.route_of(self._relay_host(proc) or proc.address) in peers):
+            if everything or self.outbox.route_of(self._relay_host(proc) or proc.address) in peers:
+                reason = "link"
+            elif call.seq in overdue:
+                if self.heard.get(proc.id, 0.0) > overdue[call.seq] and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
+                    self.resends["deferred"] += 1  # it answers: this one is queued or running there
+                    continue
+                reason = "overdue"
+            else:
                 continue
             try:
-                self.try_send_to_proc(proc, call.wire.message(rank))
+                if self.try_send_to_proc(proc, call.wire.message(rank)):
+                    self.resends[reason] += 1
             except PeerGone:
                 pass

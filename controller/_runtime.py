@@ -91,6 +91,8 @@ class Runtime(_HostTable, _Links):
         self._unproven: dict[str, str] = {}
         self._resend_all = False
         self._next_overdue_scan = 0.0
+        self.resends = {"link": 0, "overdue": 0, "deferred": 0}  # controller/_links.py
+        self.heard: dict[str, float] = {}  # proc id -> when it last answered a call
         self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None, on_new=self._watch)
         self.reply_address = links.advertise(self.inbox.address) if links else self.inbox.address
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
@@ -428,6 +430,9 @@ class Runtime(_HostTable, _Links):
         if status == "fenced":
             self.fenced = meta.get("em") or "a worker saw a newer controller epoch"
         outcome = Outcome(status, meta, payload) if lsn is None else Outcome(status, meta, payload, lsn, True)
+        sent = self.core.calls.get(seq)
+        if sent is not None and sent.wire is not None and 0 <= point < len(sent.wire.procs):
+            self.heard[sent.wire.procs[point].id] = time.monotonic()  # it is making progress (_links.py)
         call = self.core.on_result(seq, point, outcome)
         if call is not None:
             self._deliver(call, point, call.results[point])

@@ -329,6 +329,7 @@ class LiveEdge:
             runtime = self.runtime
             metrics.host_counts(lambda: len(set(runtime.hosts) - set(runtime.lost_hosts)),
                                 lambda: len(runtime.lost_hosts))
+            metrics.resends(runtime.resends)
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _raise_handoff)

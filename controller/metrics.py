@@ -82,6 +82,7 @@ class ControllerMetrics:
                            registry=reg)
         self._causes: dict[str, str] = {}  # mesh -> the cause of its latest failure
         self._server: MetricsServer | None = None
+        self._resends: _Resends | None = None
         self.leader.set(0)
         for state in ("up", "lost"):
             self.hosts.labels(state).set(0)
@@ -193,6 +194,27 @@ class ControllerMetrics:
     def host_counts(self, up: Callable[[], int], lost: Callable[[], int]) -> None:
         self.hosts.labels("up").set_function(up)
         self.hosts.labels("lost").set_function(lost)
+
+    def resends(self, counts: dict[str, int]) -> None:
+        """The runtime's resend counts (controller/_links.py), read at each scrape."""
+        if self._resends is None:
+            self._resends = _Resends(counts)
+            self.registry.register(self._resends)
+        self._resends.counts = counts
+
+
+class _Resends(Collector):
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Any]:
+        family = CounterMetricFamily("regent_resends", "Calls sent again to a proc under the same id, by "
+                                     "reason: link (its link broke and came back), overdue (unanswered for its "
+                                     "wait by a proc that answered nothing since); deferred: overdue calls not "
+                                     "sent again because their proc was answering others", labels=["reason"])
+        for reason, n in sorted(dict(self.counts).items()):
+            family.add_metric([reason], n)
+        yield family
 
 
 class _CallStats(Collector):

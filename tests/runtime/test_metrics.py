@@ -88,6 +88,9 @@ def test_calls_and_restarts_are_counted_with_their_endpoint_and_cause(own_home, 
         assert value(m, "regent_journal_records_total") >= value(m, "regent_journal_appends_total") > 0
         assert value(m, "regent_journal_commit_duration_seconds_count") == value(m, "regent_journal_appends_total")
         assert value(m, "regent_hosts", state="up") == 1 and value(m, "regent_hosts", state="lost") == 0
+        # Served even while nothing was sent again; the counts are the runtime's.
+        assert all(("regent_resends_total", (("reason", r),)) in m for r in ("link", "overdue", "deferred"))
+        assert value(m, "regent_resends_total", reason="overdue") <= s.runtime.resends["overdue"]
         # Bounded labels: no pid, proc id or call id anywhere.
         labels = {v for _, ls in m for _, v in ls}
         assert not {str(p) for p in first + again} & labels

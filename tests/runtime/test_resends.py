@@ -1,0 +1,75 @@
+"""Calls sent again under the same id (controller/_links.py): an overdue call goes out again to a
+proc that answered nothing since it was sent, and waits (counted as deferred) while its proc
+answers others, since it is then queued or running there, not lost; either way it runs once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from regent.controller import Session
+from regent.worker import Actor, endpoint
+
+RESEND_S = 0.3  # the first resend wait, instead of 3 s
+
+
+class Slow(Actor):
+    def __init__(self) -> None:
+        self.runs = 0
+
+    @endpoint
+    async def work(self, seconds: float) -> int:
+        self.runs += 1
+        await asyncio.sleep(seconds)  # the proc answers its other actors meanwhile
+        return self.runs
+
+    @endpoint
+    def count(self) -> int:
+        return self.runs
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Fast(Actor):
+    @endpoint
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def test_an_overdue_call_to_a_proc_answering_others_is_not_sent_again(own_home, monkeypatch):
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", RESEND_S)
+    with Session("resend-progress", journal="off") as s:
+        procs = s.spawn_procs(per_host={"procs": 1})
+        slow, fast = procs.spawn("slow", Slow), procs.spawn("fast", Fast)
+        fut = slow.work.call_one(3.0)
+        while not fut.done():  # the proc answers another actor all along
+            fast.ping.call_one().get(timeout=30)
+            time.sleep(0.05)
+        assert fut.get(timeout=30) == 1
+        assert s.runtime.resends["overdue"] == 0 and s.runtime.resends["deferred"] >= 1, s.runtime.resends
+        assert slow.count.call_one().get(timeout=30) == 1
+
+
+def test_an_overdue_call_to_a_proc_that_answers_nothing_is_sent_again_and_runs_once(own_home, monkeypatch):
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", RESEND_S)
+    with Session("resend-silent", journal="off") as s:
+        slow = s.spawn_procs(per_host={"procs": 1}).spawn("slow", Slow)
+        pid = slow.pid.call_one().get(timeout=30)
+        os.kill(pid, signal.SIGSTOP)  # silent: nothing answered, nothing read
+        try:
+            fut = slow.work.call_one(0.0)
+            deadline = time.monotonic() + 10
+            while s.runtime.resends["overdue"] == 0:
+                assert time.monotonic() < deadline, s.runtime.resends
+                time.sleep(0.05)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert fut.get(timeout=30) == 1  # the proc dedupes the copies: one run
+        assert slow.count.call_one().get(timeout=30) == 1
+
