@@ -151,7 +151,8 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
                 "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
                 "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
                 "journal_bytes_per_call_all": round(per_call),
-                "hosts_rss_mib": round(hosts.rss_mib(), 1)}
+                "hosts_rss_mib": round(hosts.rss_mib(), 1),
+                "resends": dict(s.runtime.resends)}  # calls sent again, by reason (controller/_links.py)
 
 
 def takeover(hosts: Hosts, work: Path, procs: int, per_host: int, runs: int, ttl: float) -> dict[str, Any]:

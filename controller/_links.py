@@ -22,9 +22,9 @@ log = structlog.get_logger("regent.controller")
 # joins the execution in flight or gets the cached result); the wait then doubles.
 RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
-# An overdue call to a proc that has answered anything since it was sent is queued or running
-# there, not lost (a reconnect, which can lose messages, resends on its own): it is sent again
-# only once this old. Resending it sooner only doubles the work of a proc and a controller that
+# An overdue call to a proc that has answered anything since it was sent (or whose host's agent
+# relayed any answer since: it keeps each proc's order) is queued or running there, not lost (a
+# reconnect, which can lose messages, resends on its own): it is sent again only once this old. Resending it sooner only doubles the work of a proc and a controller that
 # are behind already (thousands of broadcasts queued behind each other, say).
 PROGRESS_PATIENCE_S = 20.0
 _HANDSHAKE_FAILED = {
@@ -45,7 +45,7 @@ class _Links:
     _resend_all: bool
     _next_overdue_scan: float
     resends: dict[str, int]  # calls sent again, by reason ("link", "overdue"), and "deferred"
-    heard: dict[str, float]  # proc id -> when it last answered a call
+    heard: dict[str, float]  # proc id (and relaying agent) -> when it last answered a call
     core: Any
     outbox: Any
 
@@ -110,7 +110,8 @@ class _Links:
             if everything or self.outbox.route_of(self._relay_host(proc) or proc.address) in peers:
                 reason = "link"
             elif call.seq in overdue:
-                if self.heard.get(proc.id, 0.0) > overdue[call.seq] and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
+                heard = max(self.heard.get(proc.id, 0.0), self.heard.get(self._relay_host(proc) or "", 0.0))
+                if heard > overdue[call.seq] and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
                     self.resends["deferred"] += 1  # it answers: this one is queued or running there
                     continue
                 reason = "overdue"

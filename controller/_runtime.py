@@ -92,7 +92,7 @@ class Runtime(_HostTable, _Links):
         self._resend_all = False
         self._next_overdue_scan = 0.0
         self.resends = {"link": 0, "overdue": 0, "deferred": 0}  # controller/_links.py
-        self.heard: dict[str, float] = {}  # proc id -> when it last answered a call
+        self.heard: dict[str, float] = {}  # proc id (and relaying agent) -> when it last answered a call
         self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None, on_new=self._watch)
         self.reply_address = links.advertise(self.inbox.address) if links else self.inbox.address
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
@@ -432,7 +432,10 @@ class Runtime(_HostTable, _Links):
         outcome = Outcome(status, meta, payload) if lsn is None else Outcome(status, meta, payload, lsn, True)
         sent = self.core.calls.get(seq)
         if sent is not None and sent.wire is not None and 0 <= point < len(sent.wire.procs):
-            self.heard[sent.wire.procs[point].id] = time.monotonic()  # it is making progress (_links.py)
+            proc, now = sent.wire.procs[point], time.monotonic()
+            self.heard[proc.id] = now  # it is making progress (_links.py)
+            if self.relaying and (host := self._relay_host(proc)) is not None:
+                self.heard[host] = now  # and so is its agent's relay, which keeps each proc's order
         call = self.core.on_result(seq, point, outcome)
         if call is not None:
             self._deliver(call, point, call.results[point])

@@ -73,3 +73,20 @@ def test_an_overdue_call_to_a_proc_that_answers_nothing_is_sent_again_and_runs_o
         assert fut.get(timeout=30) == 1  # the proc dedupes the copies: one run
         assert slow.count.call_one().get(timeout=30) == 1
 
+
+
+def test_through_a_relay_an_agent_relaying_other_procs_answers_is_progress(own_home, monkeypatch):
+    """Relayed, a proc's messages keep their order in its agent: answers of its siblings
+    coming through that agent mean its call is queued or running, not lost."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu", REGENT_RELAY="1")
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", RESEND_S)
+    with Session("resend-relay", journal="off") as s:
+        procs = s.spawn_procs(per_host={"procs": 2})
+        slow, fast = procs.slice(procs=0).spawn("slow", Slow), procs.slice(procs=1).spawn("fast", Fast)
+        assert s.runtime.relaying, "the host's agent relays"
+        fut = slow.work.call_one(3.0)
+        while not fut.done():  # only the other proc answers
+            fast.ping.call_one().get(timeout=30)
+            time.sleep(0.05)
+        assert fut.get(timeout=30) == 1
+        assert s.runtime.resends["overdue"] == 0 and s.runtime.resends["deferred"] >= 1, s.runtime.resends
