@@ -13,8 +13,9 @@ Reuse. The header holds three generations: the one the sender handed out, the on
 took, the one it released. A receiver writes its release when its mapping is collected (nothing
 holds a tensor, array or view over it any more); the sender then writes the next frame of that
 size class into the same pages, already allocated, at the speed of a memory copy rather than
-tmpfs's page allocation (REGENT_BULK_POOL_BYTES of free segments are kept, 256 MiB by default;
-one idle for POOL_IDLE_S is given back).
+tmpfs's page allocation (REGENT_BULK_POOL_BYTES of free segments are kept, 256 MiB by default and
+at most an eighth of /dev/shm; one idle for POOL_IDLE_S is given back, and all of them when
+/dev/shm is full).
 
 Lifetimes. A mapping lives as long as something holds it, whatever the sender does. A segment
 nobody took is unlinked by its sender when it learns the receiver is gone (`forget`: a dead proc,
@@ -146,6 +147,7 @@ class _Segments:
         self.count = 0
         self.registered = False
         self.trimming = False
+        self.shm_bytes: int | None = None  # the size of /dev/shm, once looked up
 
     def new_name(self) -> str:
         self.count += 1
@@ -168,7 +170,14 @@ class _Segments:
         if seg is not None:
             seg.map[HEADER:HEADER + size] = view  # pages written before: a copy at memory speed
         else:
-            seg = self._create(name, view)
+            try:
+                seg = self._create(name, view)
+            except OSError as e:  # /dev/shm full: give the free segments' room back, once
+                if e.errno != errno.ENOSPC or not self._drop_free():
+                    raise
+                with self.lock:
+                    name = self.new_name()
+                seg = self._create(name, view)
         seg.gen += 1
         _GENERATIONS.pack_into(seg.map, 0, seg.gen, 0, 0)
         seg.to, seg.since = to, time.monotonic()
@@ -204,6 +213,10 @@ class _Segments:
                 del self.out[name]
                 seg.drop()
         keep, kept = pool_bytes(), 0
+        if self.shm_bytes is None:
+            self.shm_bytes = _filesystem_bytes(SHM_DIR)
+        if self.shm_bytes:  # a container's /dev/shm may be 64 MiB: keep at most an eighth of it idle
+            keep = min(keep, self.shm_bytes // 8)
         for seg in reversed(list(self.free)):
             kept += seg.capacity
             if kept > keep or now - seg.since > POOL_IDLE_S:
@@ -223,12 +236,17 @@ class _Segments:
                     self.trimming = False
                     return
 
-    def remove_all(self) -> None:
-        self.remove(lambda to: True)
+    def _drop_free(self) -> bool:
+        """Unlink every free segment; whether there was any."""
         with self.lock:
             free, self.free = self.free, []
         for seg in free:
             seg.drop()
+        return bool(free)
+
+    def remove_all(self) -> None:
+        self.remove(lambda to: True)
+        self._drop_free()
 
     def remove(self, which: Any) -> None:
         with self.lock:
@@ -246,6 +264,14 @@ class _Segments:
                 _GENERATIONS.pack_into(seg.map, 0, seg.gen, seg.gen, seg.gen)
                 seg.since = time.monotonic()
                 self.free.append(seg)
+
+
+def _filesystem_bytes(path: str) -> int:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_blocks * st.f_frsize
 
 
 def _release(name: str, gen: int) -> None:

@@ -7,6 +7,7 @@ receiver's end; a receiver that cannot take one drops the message and its sender
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import os
 import signal
@@ -171,6 +172,41 @@ def test_a_sender_gives_up_a_segment_nobody_took(monkeypatch):
     time.sleep(0.01)
     _envelope(os.urandom(BIG))  # each export gives up what has waited longer than the TTL
     assert first not in bulk.held()
+    bulk.forget("tcp://127.0.0.1:1")
+
+
+
+def test_the_free_segments_kept_are_at_most_an_eighth_of_dev_shm(monkeypatch):
+    monkeypatch.setattr(bulk._segments, "shm_bytes", 8 * BIG)  # a container's small /dev/shm
+    names = []
+    for _ in range(3):
+        inner, meta = _envelope(os.urandom(BIG), os.urandom(BIG), os.urandom(BIG))
+        names += [seg[1] for seg in meta["seg"]]
+        bulk.take(inner, meta, 1 << 30)
+        gc.collect()
+    _envelope(os.urandom(BIG // 2))  # collects: room for one of them
+    bulk.forget("tcp://127.0.0.1:1")
+    assert len(set(names) & set(bulk.held(os.getpid()))) <= 1
+
+
+def test_a_full_dev_shm_gives_the_free_segments_back_and_tries_once_more(monkeypatch):
+    bulk._segments._drop_free()  # none of earlier tests' to reuse
+    inner, meta = _envelope(os.urandom(2 * BIG))
+    freed = meta["seg"][0][1]
+    bulk.take(inner, meta, 1 << 30)
+    gc.collect()  # released: kept free, in a size class of its own
+    create, calls = bulk._Segments._create, []
+
+    def full_once(self, name, view):
+        calls.append(name)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return create(self, name, view)
+
+    monkeypatch.setattr(bulk._Segments, "_create", full_once)
+    _, meta = _envelope(os.urandom(BIG))
+    assert len(calls) == 2 and meta["seg"][0][1] == calls[1]  # out of band all the same
+    assert freed not in bulk.held()  # the free segment's room was given back
     bulk.forget("tcp://127.0.0.1:1")
 
 
