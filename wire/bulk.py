@@ -274,8 +274,12 @@ def _filesystem_bytes(path: str) -> int:
     return st.f_blocks * st.f_frsize
 
 
-def _release(name: str, gen: int) -> None:
-    """A receiver's mapping of segment `name` is gone: its sender may reuse it."""
+def _release(name: str, gen: int, pid: int) -> None:
+    """A receiver's mapping of segment `name` is gone: its sender may reuse it. Only in the
+    process that took it: a child forked while it was mapped (a data loader's worker, say) that
+    drops its copy must not release what its parent still maps."""
+    if os.getpid() != pid:
+        return
     try:
         fd = os.open(os.path.join(SHM_DIR, name), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -386,7 +390,7 @@ def _map(name: str, size: Any, gen: Any, limit: int) -> memoryview:
                             offset=HEADER)
     finally:
         os.close(fd)
-    weakref.finalize(mapping, _release, name, gen)
+    weakref.finalize(mapping, _release, name, gen, os.getpid())
     return memoryview(mapping)
 
 

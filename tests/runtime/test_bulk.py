@@ -80,6 +80,23 @@ def test_a_segment_is_reused_only_once_its_receiver_let_go_of_it():
     bulk.forget("tcp://127.0.0.1:1")
 
 
+def test_a_child_forked_while_a_frame_is_mapped_does_not_release_it():
+    inner, meta = _envelope(os.urandom(BIG))
+    name = meta["seg"][0][1]
+    held = bulk.take(inner, meta, 1 << 30)
+    pid = os.fork()
+    if pid == 0:  # a data loader's worker, say: it drops its copy of the mapping and ends
+        del held
+        gc.collect()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert name in bulk.in_use()  # the parent maps it still: not the sender's to reuse
+    del held
+    gc.collect()
+    assert name not in bulk.in_use()
+    bulk.forget("tcp://127.0.0.1:1")
+
+
 def test_the_free_segments_a_sender_keeps_are_bounded(monkeypatch):
     monkeypatch.setenv(bulk.POOL_ENV, str(2 * BIG))
     for _ in range(4):
