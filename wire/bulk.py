@@ -119,11 +119,18 @@ def route(address: str) -> str:
 
 
 class _Segment:
-    __slots__ = ("name", "capacity", "map", "gen", "to", "since")
+    __slots__ = ("name", "capacity", "map", "inode", "gen", "to", "since")
 
-    def __init__(self, name: str, capacity: int, mapping: mmap.mmap) -> None:
-        self.name, self.capacity, self.map = name, capacity, mapping
+    def __init__(self, name: str, capacity: int, mapping: mmap.mmap, inode: int) -> None:
+        self.name, self.capacity, self.map, self.inode = name, capacity, mapping, inode
         self.gen, self.to, self.since = 0, "", 0.0
+
+    def still_named(self) -> bool:
+        """Whether its name still leads to its file (nothing else unlinked or replaced it)."""
+        try:
+            return os.stat(os.path.join(SHM_DIR, self.name)).st_ino == self.inode
+        except OSError:
+            return False
 
     def generations(self) -> tuple[int, int, int]:
         return _GENERATIONS.unpack_from(self.map, 0)
@@ -148,6 +155,7 @@ class _Segments:
         self.registered = False
         self.trimming = False
         self.shm_bytes: int | None = None  # the size of /dev/shm, once looked up
+        self.pid = os.getpid()
 
     def new_name(self) -> str:
         self.count += 1
@@ -165,8 +173,10 @@ class _Segments:
             seg = next((s for s in self.free if s.capacity == _capacity(size)), None)
             if seg is not None:
                 self.free.remove(seg)
-            else:
-                name = self.new_name()
+            name = self.new_name()
+        if seg is not None and not seg.still_named():  # unlinked by hand: its name would lead nowhere
+            seg.drop()
+            seg = None
         if seg is not None:
             seg.map[HEADER:HEADER + size] = view  # pages written before: a copy at memory speed
         else:
@@ -193,7 +203,7 @@ class _Segments:
             at = 0
             while at < len(view):  # into fresh pages, write(2) is faster than faulting a mapping
                 at += os.pwrite(fd, view[at:at + (1 << 30)], HEADER + at)
-            return _Segment(name, capacity, mmap.mmap(fd, HEADER + capacity))
+            return _Segment(name, capacity, mmap.mmap(fd, HEADER + capacity), os.fstat(fd).st_ino)
         except BaseException:
             _unlink(name)
             raise
@@ -245,6 +255,8 @@ class _Segments:
         return bool(free)
 
     def remove_all(self) -> None:
+        if os.getpid() != self.pid:
+            return  # at the exit of a child forked with these: they are its parent's
         self.remove(lambda to: True)
         self._drop_free()
 
