@@ -157,6 +157,7 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
         for sid in list(self.sessions):
             self._stop_session(sid)
         self._close_forks()
+        bulk.sweep(grace_s=0.0)  # no agent may be left to sweep what a killed proc left in /dev/shm
         if self.hollow is not None:
             self.hollow.shutdown()
         self.inbox.close()

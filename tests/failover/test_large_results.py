@@ -83,7 +83,7 @@ def test_a_large_tensor_result_through_shared_memory_survives_a_failover_and_lea
     else:
         assert primary.returncode == -9 and "DIGEST" not in primary.stdout and "DIGEST" in standby.stdout
     assert f"PROC {proc}" in standby.stdout  # the same proc served both
-    deadline = time.monotonic() + 20  # the proc stops with the session; the agent sweeps the dead
+    deadline = time.monotonic() + 60  # the proc stops with the session (slowly, on a loaded machine)
     while left := bulk.held(proc) + bulk.held(primary_pid(primary)):
         assert time.monotonic() < deadline, f"segments left in /dev/shm: {left}"
         time.sleep(0.2)

@@ -113,7 +113,9 @@ def test_an_async_program_is_caught_up_mid_run_with_the_same_wake_ups(tmp_path, 
     obs.mkdir()
     c = Cluster(f"cua-{os.urandom(3).hex()}", journal_url, tmp_path, program="async_mixed.py", steps=ASYNC_STEPS,
                 extra_env={"REGENT_TEST_OBS_DIR": str(obs), "PYTHONPATH": str(PROGRAMS), "REGENT_TEST_STEP_S": "0.04"})
-    primary = c.start()
+    hold = tmp_path / "primary.hold"  # held from step 10 until the new program stands by: not done before
+    hold.touch()
+    primary = c.start(REGENT_TEST_HOLD_FILE=str(hold))
     log = tmp_path / "upgrade.err"
     try:
         pid = c.wait_leader(1)
@@ -122,6 +124,8 @@ def test_an_async_program_is_caught_up_mid_run_with_the_same_wake_ups(tmp_path, 
             assert primary.poll() is None and time.monotonic() < deadline, c.log_tail()
             time.sleep(0.01)
         up = _upgrade_to_itself(c, log)
+        _wait_for(log, "standing by", up)
+        hold.unlink()
         out, _ = up.communicate(timeout=120)
         primary.wait(timeout=60)
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -74,14 +75,21 @@ def test_an_upgrade_from_another_host_catches_up_and_keeps_the_workers(multihost
                       extra_env={"REGENT_TEST_HOSTS": "3", "REGENT_TEST_STEP_S": "0.05"},
                       prefix=lambda n: multihost.net.command("c1", []), host_env=lambda n: multihost.env("c1"))
     log = tmp_path / "upgrade.err"
+    hold = tmp_path / "primary.hold"  # the primary waits from step 3 until the new program stands by
+    hold.touch()
     try:
-        primary = cluster.start()
-        cluster.wait_step(cluster.wait_leader(1), 5)
+        primary = cluster.start(REGENT_TEST_HOLD_FILE=str(hold))
+        cluster.wait_step(cluster.wait_leader(1), 3)
         env = {**multihost.env("c2"), **{k: v for k, v in cluster.env().items() if k.startswith("REGENT_TEST_")},
                "PYTHONPATH": f"{PROGRAMS}:{multihost.env('c2')['PYTHONPATH']}"}
         up = subprocess.Popen(multihost.net.command("c2", [sys.executable, "-m", "regent.cli", "upgrade",
                                                            cluster.session, str(PROGRAMS / "mixed.py")]),
                               env=env, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+        deadline = time.monotonic() + 120
+        while "standing by" not in log.read_text():  # however loaded the machine, not done before
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.01)
+        hold.unlink()
         out, _ = up.communicate(timeout=180)
         assert primary.wait(timeout=60) == 0
     finally:

@@ -7,7 +7,8 @@ them, to $REGENT_TEST_OBS_DIR/<pid>.obs; a line is written once a later call has
 (the session makes that call wait until what the program saw before it is durable), so a
 killed primary's file holds only what any standby must see again. Configured like mixed.py
 (REGENT_TEST_SESSION, _JOURNAL, _STEPS, _LEADER_FILE, _TTL, _STEP_S); REGENT_TEST_CHANGE_AT makes the
-fast loop call another endpoint at that step. Prints one JSON line: observations and each
+fast loop call another endpoint at that step; REGENT_TEST_HOLD_FILE makes its live steps from
+HOLD_AT on wait while that file exists. Prints one JSON line: observations and each
 actor's execution counts.
 """
 
@@ -25,6 +26,8 @@ from regent.controller import Session
 from regent.worker import Actor, endpoint
 
 PACE_S = float(os.environ.get("REGENT_TEST_STEP_S", "0"))  # a pause after each live fast step
+HOLD = os.environ.get("REGENT_TEST_HOLD_FILE")
+HOLD_AT = 10
 
 
 class Worker(Actor):
@@ -83,6 +86,8 @@ async def program(s: Session, fast, slow, nap, steps: int, change_at: int, obs: 
             if not s.replaying:
                 print(f"step {i}", file=sys.stderr, flush=True)
                 time.sleep(PACE_S)  # blocks the loop: a live run a test can catch midway
+                while HOLD and i >= HOLD_AT and os.path.exists(HOLD):  # however loaded the machine
+                    time.sleep(0.02)
         await queue.put(-1)
 
     async def slow_loop() -> None:
