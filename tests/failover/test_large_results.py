@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tests.failover.harness import PROGRAMS
@@ -83,10 +84,23 @@ def test_a_large_tensor_result_through_shared_memory_survives_a_failover_and_lea
     else:
         assert primary.returncode == -9 and "DIGEST" not in primary.stdout and "DIGEST" in standby.stdout
     assert f"PROC {proc}" in standby.stdout  # the same proc served both
-    deadline = time.monotonic() + 60  # the proc stops with the session (slowly, on a loaded machine)
+    # The proc stops with the session (slowly, on a loaded machine: SIGKILLed after 3 s), and a
+    # sender's segments go with it: unlinked at its exit, or swept by an agent once it is dead.
+    deadline = time.monotonic() + 120
+    while _running(proc):
+        assert time.monotonic() < deadline, f"proc {proc} still runs two minutes after its session ended"
+        time.sleep(0.2)
+    deadline = time.monotonic() + 30
     while left := bulk.held(proc) + bulk.held(primary_pid(primary)):
         assert time.monotonic() < deadline, f"segments left in /dev/shm: {left}"
         time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def primary_pid(run: subprocess.CompletedProcess) -> int:
