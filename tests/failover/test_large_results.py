@@ -88,7 +88,8 @@ def test_a_large_tensor_result_through_shared_memory_survives_a_failover_and_lea
     # sender's segments go with it: unlinked at its exit, or swept by an agent once it is dead.
     deadline = time.monotonic() + 120
     while _running(proc):
-        assert time.monotonic() < deadline, f"proc {proc} still runs two minutes after its session ended"
+        assert time.monotonic() < deadline, (f"proc {proc} still runs two minutes after its session ended; "
+                                             f"the standby said:\n{standby.stderr[-3000:]}")
         time.sleep(0.2)
     deadline = time.monotonic() + 30
     while left := bulk.held(proc) + bulk.held(primary_pid(primary)):
