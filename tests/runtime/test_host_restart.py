@@ -329,9 +329,17 @@ def test_a_restarted_agent_refuses_an_epoch_below_one_its_predecessor_saw_and_so
         _ask(peer, host, sid, "hello", epoch=3, expect="fenced")  # no subscribing to the leader's events
         _wait(lambda: len(_alive(peer, host, sid, epoch=7)) == 2, 10, "both procs adopted")
         assert all(running(p["pid"]) for p in procs)
-        for p in procs:  # each adopted proc learnt epoch 7 from the agent that adopted it
-            peer.call(p["addr"], sid, 3, 10, "nobody", "m", point=p["idx"])
-            kind, meta, _ = peer.recv()
+        for p in procs:  # each adopted proc learns epoch 7 from the agent that adopted it
+            # That notice and this call come from two senders, in no set order: until the
+            # notice lands the proc answers that no such actor exists (it runs nothing either way).
+            deadline, seq = time.monotonic() + 10, 10
+            while True:
+                seq += 1  # a new call each time: a repeated id would get the first answer again
+                peer.call(p["addr"], sid, 3, seq, "nobody", "m", point=p["idx"])
+                kind, meta, _ = peer.recv()
+                if (kind, meta["st"]) != (Kind.RESULT, "noactor") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             assert (kind, meta["st"], meta.get("e")) == (Kind.RESULT, "fenced", 7), meta
         _ask(peer, host, sid, "stop_session", epoch=7)
     finally:
