@@ -13,6 +13,7 @@ import fcntl
 import functools
 import mmap
 import os
+import re
 import secrets
 import select
 import socket
@@ -28,6 +29,9 @@ import structlog
 log = structlog.get_logger("hipcore.shm")
 
 PREFIX = "regent-"
+# A hipcore segment's whole name: creator pid, its start time, a kind, 12 hex digits. wire.bulk's
+# frames share the prefix (regent-UID-PID-N-8HEX) and must never be taken for one of these.
+_NAME = re.compile(r"regent-(\d+)-(\d+)-([a-z]+)-[0-9a-f]{12}")
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
@@ -228,9 +232,11 @@ def attach(name: str) -> mmap.mmap:
 
 
 def owner_of(name: str) -> tuple[int, int]:
-    """(pid, start time) encoded in a segment name."""
-    parts = name[len(PREFIX) :].split("-")
-    return int(parts[0]), int(parts[1])
+    """(pid, start time) encoded in a hipcore segment name; ValueError for any other name."""
+    match = _NAME.fullmatch(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a hipcore shared-memory segment name")
+    return int(match.group(1)), int(match.group(2))
 
 
 def sweep_orphans() -> list[str]:
@@ -241,8 +247,6 @@ def sweep_orphans() -> list[str]:
     except OSError:
         return removed
     for name in names:
-        if not name.startswith(PREFIX):
-            continue
         try:
             pid, start = owner_of(name)
         except (ValueError, IndexError):

@@ -60,6 +60,23 @@ def test_a_large_frame_travels_in_a_private_segment_taken_once():
     bulk.forget("tcp://127.0.0.1:1")
 
 
+def test_hipcores_orphan_sweep_leaves_a_live_senders_frames_alone():
+    """hipcore's segments share the `regent-` prefix: its sweep of dead creators' segments (run as a
+    process makes its first one) must not read a frame's uid as a pid and unlink it mid-flight."""
+    from regent.hipcore import _shm
+
+    inner, meta = _envelope(os.urandom(BIG))
+    name = meta["seg"][0][1]
+    with pytest.raises(ValueError, match="not a hipcore"):
+        _shm.owner_of(name)
+    assert name not in _shm.sweep_orphans() and name in bulk.in_use()
+    frames = bulk.take(inner, meta, 1 << 30)
+    assert len(frames[2]) == BIG
+    del frames
+    gc.collect()
+    bulk.forget("tcp://127.0.0.1:1")
+
+
 def test_a_segment_is_reused_only_once_its_receiver_let_go_of_it():
     first = [os.urandom(BIG) for _ in range(3)]
     held = [bulk.take(*_envelope(b), 1 << 30)[2] for b in first]  # three mappings alive
