@@ -28,6 +28,7 @@ from regent.controller._hosttable import _HostTable
 from regent.controller._links import _Links
 from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
+from regent.controller.folding import expand
 from regent.controller.futures import Future
 from regent.controller.recorder import OutcomePort
 from regent.controller.refs import ProcRef
@@ -356,20 +357,23 @@ class Runtime(_HostTable, _Links):
         except ProtocolError as e:
             log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
             return
-        if subs is None:
+        if subs is None and "fp" not in meta:
             try:
                 self._handle_one(kind, meta, payload)
             except Exception:  # never the program's error: it may be reading the inbox
                 log.exception("a message failed (dropped)", peer=peer_of(frames[0]), kind=kind.name)
             return
         replies = []
-        for sub in subs:
+        for sub in subs or [frames]:
             try:
-                replies.append(schema.CONTROLLER.decode_one(sub))
+                replies.append(schema.CONTROLLER.decode_one(sub) if subs else (kind, meta, payload))
             except ProtocolError as e:
                 log.warning("dropped malformed message from a batch", peer=peer_of(frames[0]), error=str(e))
+        folds = any("fp" in m for _, m, _ in replies)
+        if folds:  # a host's fold: an outcome for each of its points (controller/folding.py)
+            replies = expand(self.core.calls, replies)
         lsns = None
-        if self.outcomes is not None and len(replies) == len(subs):
+        if self.outcomes is not None and not folds and subs and len(replies) == len(subs):
             # The whole batch, before any reply is handled: one record may journal them all.
             lsns = self.outcomes.record_batch(frames, replies)
         for (kind, meta, payload), lsn in zip(replies, lsns or [None] * len(replies), strict=True):
@@ -478,6 +482,14 @@ class Runtime(_HostTable, _Links):
                 fut.set_result({"st": "dead", "em": reason})
         for call, point in self.core.on_proc_died(proc.key, reason):
             self._deliver(call, point, call.results[point])
+        for call in list(self.core.calls.values()):  # a fold it was in cannot complete: unfolded
+            w = call.wire
+            for folder, pts in (w.folds or {}).items() if w is not None else ():
+                if folder not in w.unfolded and any(w.procs[r] is proc for r in pts):
+                    w.unfolded.add(folder)
+                    for r in pts:
+                        if r not in call.results:
+                            self.send_call(call, r)
         self._release_held(expired_only=False)
         for cb in self._on_proc_death:
             cb(proc)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from regent.controller.folding import folded, pickled_reducer
 from regent.controller.futures import Future, Point, ValueMesh, stopped_future
 from regent.controller.stream import stream_results
 from regent.worker.actor import endpoint_names
@@ -369,6 +370,16 @@ class Endpoint:
         mesh._session._call(mesh, self._method, args, kwargs, "call", mesh._view.ranks, sink)
         return sink.future
 
+    def reduce_on_hosts(self, identity: Any, reducer: Callable[[Any, Any], Any], args: tuple,
+                        kwargs: Mapping[str, Any]) -> Future:
+        """`Accumulator(endpoint, identity, reducer, on_host=True).accumulate(*args, **kwargs)`:
+        call every actor, each host folding its actors' values before the controller."""
+        mesh = self._mesh
+        sink = FoldSink(mesh._view, identity, reducer)
+        mesh._session._call(mesh, self._method, args, dict(kwargs), "call", mesh._view.ranks, sink,
+                            fold=pickled_reducer(identity, reducer))
+        return sink.future
+
     def call_one(self, *args: Any, **kwargs: Any) -> Future:
         """Call the single actor of a one-member mesh."""
         mesh = self._mesh
@@ -444,19 +455,34 @@ class GatherSink:
         self.future.lsn = max(o.lsn for o in call.results.values())
         self.future.holders = [o.holder for o in call.results.values()]
         try:
-            if self.single:
-                (only,) = call.results.values()
-                value = self.decode(call, only)
-            else:
-                index = {r: i for i, r in enumerate(self.view.ranks)}
-                values: list[Any] = [None] * len(self.view.ranks)
-                for rank, outcome in call.results.items():
-                    values[index[rank]] = self.decode(call, outcome)
-                value = ValueMesh(self.view.dims, values)
+            value = self._value(call)
         except BaseException as e:  # noqa: BLE001 - the program sees it through the future
             self.future.set_exception(e)
         else:
             self.future.set_result(value)
+
+    def _value(self, call: Any) -> Any:
+        if self.single:
+            (only,) = call.results.values()
+            return self.decode(call, only)
+        index = {r: i for i, r in enumerate(self.view.ranks)}
+        values: list[Any] = [None] * len(self.view.ranks)
+        for rank, outcome in call.results.items():
+            values[index[rank]] = self.decode(call, outcome)
+        return ValueMesh(self.view.dims, values)
+
+
+class FoldSink(GatherSink):
+    """An Accumulator's: the fold of every point's value (controller/folding.py), or the error
+    of the first point in mesh order that failed."""
+
+    def __init__(self, view: View, identity: Any, reducer: Callable[[Any, Any], Any]):
+        super().__init__(view)
+        self.identity, self.reducer = identity, reducer
+
+    def _value(self, call: Any) -> Any:
+        values = {r: self.decode(call, call.results[r]) for r in self.view.ranks}
+        return folded(values, self.view.ranks, self.identity, self.reducer)
 
 
 class StreamResults:

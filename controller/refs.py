@@ -38,20 +38,32 @@ class ProcRef:
 class Wire:
     """What the edge keeps of a call to send it, and again under the same id."""
 
-    __slots__ = ("kind", "base", "frames", "metas", "procs", "issued_at", "sent_at", "wait", "_points")
+    __slots__ = ("kind", "base", "frames", "metas", "procs", "issued_at", "sent_at", "wait", "_points", "folds",
+                 "_folder_of", "unfolded")
 
     def __init__(self, kind: Kind, base: dict, frames: Any, metas: list[dict] | None, procs: list[ProcRef],
-                 sent_at: float, wait: float, *, many: bool = False):
+                 sent_at: float, wait: float, *, many: bool = False, folds: dict[int, tuple[int, ...]] | None = None):
         self.kind, self.base, self.frames, self.metas, self.procs = kind, base, frames, metas, procs
         self.sent_at, self.wait = sent_at, wait  # when it was last sent; how long until overdue
         self.issued_at = sent_at  # when it was first sent
         # A call to several points packs their shared metadata once.
         self._points = wire.PointMessages(kind, base, frames) if many and not metas else None
+        # An Accumulator folded on its hosts (folding.py): folder rank -> the ranks it folds, and
+        # the folder of each of them, whose point is sent unfolded once that folder is gone.
+        self.folds = folds
+        self._folder_of = {r: f for f, pts in folds.items() for r in pts} if folds else None
+        self.unfolded: set[int] = set()  # folders whose points answer the controller (a point died)
 
     def message(self, rank: int) -> list:
         """The call's message to one point."""
         if self._points is not None:
             return self._points.encode(rank)
         if self.metas:
-            return wire.encode(self.kind, {**self.base, "pt": rank, **self.metas[rank]}, self.frames)
+            extra = self.metas[rank]
+            if self._folder_of is not None and rank in self._folder_of:
+                f = self._folder_of[rank]
+                folder = self.procs[f]
+                if f in self.unfolded or not folder.alive or folder.address != extra["rt"]:
+                    extra = {}  # a point of its fold died, or its folder was replaced: it answers here
+            return wire.encode(self.kind, {**self.base, "pt": rank, **extra}, self.frames)
         return wire.encode(self.kind, {**self.base, "pt": rank}, self.frames)

@@ -37,6 +37,7 @@ from regent.controller.edge import (
 )
 from regent.controller.engine import COLLECTED, Append, AwaitReads, Engine, Send
 from regent.controller.faults import Faults, MeshFailure
+from regent.controller.folding import fold_metas, groups
 from regent.controller.futures import Future
 from regent.controller.lifecycle import Lifecycle
 from regent.controller.loop import run as run_on_loop
@@ -368,19 +369,22 @@ class Session:
     # --- the call path -------------------------------------------------------------------
 
     def _call(self, mesh: ActorMesh, method: str, args: tuple, kwargs: dict, kind: str,
-              ranks: tuple[int, ...] | None, sink: Any, answer_to: Port | None = None) -> PendingCall:
-        """`answer_to`: Monarch's send(..., port=); the port goes first in the arguments."""
+              ranks: tuple[int, ...] | None, sink: Any, answer_to: Port | None = None,
+              fold: bytes | None = None) -> PendingCall:
+        """`answer_to`: Monarch's send(..., port=); the port goes first in the arguments. `fold`:
+        an Accumulator's pickled (identity, reducer), for its hosts to fold with (folding.py)."""
         if answer_to is not None:
             args = (answer_to, *args)
         frames, digest = wire.dumps_call(args, kwargs)
         self.runtime.refuse_oversized_call(mesh.name, method, frames)
         return self._issue_call(Kind.CALL, kind, mesh.name, method, frames, digest, mesh._procs, ranks, sink,
-                                choose_from=mesh if ranks is None else None, answer_to=answer_to is not None)
+                                choose_from=mesh if ranks is None else None, answer_to=answer_to is not None,
+                                fold=fold)
 
     def _issue_call(self, wire_kind: Kind, kind: str, actor: str, method: str, frames: list, digest: bytes,
                     procs: list[ProcRef], ranks: tuple[int, ...] | None, sink: Any,
                     metas: list[dict] | None = None, choose_from: ActorMesh | None = None,
-                    answer_to: bool = False) -> PendingCall:
+                    answer_to: bool = False, fold: bytes | None = None) -> PendingCall:
         engine = self._engine
         if ranks is None:  # choose: the pick is journaled durably before anything is sent
             seq, jc = self._begin(kind, actor, method, digest, None, durable_first=True)
@@ -408,6 +412,9 @@ class Session:
         if self.runtime.relay:
             base["rv"] = True  # answered through the agent it came through, gathered per host
         runtime, edge = self.runtime, self._edge
+        folds = groups(procs, ranks) if fold is not None and jc is None else None
+        if folds:  # sent unfolded once a folder is gone (controller/folding.py)
+            metas = fold_metas(procs, folds, fold, runtime.reply_address, runtime.relay)
         with self._drive.lock:
             call = engine.expect(seq, kind, actor, method, {r: procs[r].key for r in ranks}, sink, jc)
             if isinstance(sink, StreamSink):  # the stream reads results from its call; other
@@ -419,7 +426,7 @@ class Session:
                 self._recorder.collect(engine.call_record(seq, kind, actor, method, digest, ranks, time.time(),
                                                           task).item)
             call.wire = Wire(wire_kind, base, frames, metas, procs, time.monotonic(), RESEND_FIRST_S,
-                             many=len(ranks) > 1)
+                             many=len(ranks) > 1, folds=folds)
             for effect in engine.dispatch(jc, ranks, unavailable):
                 if type(effect) is Send:
                     if edge.unanswered(call, effect.rank):

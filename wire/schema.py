@@ -68,6 +68,16 @@ HostOp = Literal["hello", "spawn_procs", "respawn_proc", "stop_session", "stop_p
 
 # --- controller -> proc ---------------------------------------------------------------
 
+class FoldGroup(TypedDict):
+    """An Accumulator's fold on one host: the folder point's values of `pts` (its own first),
+    folded with the pickled (identity, reducer) `fn`, go to the controller `to` as one result."""
+
+    to: Address
+    pts: Annotated[list[Point], Meta(min_length=2, max_length=1 << 16)]
+    fn: Annotated[bytes, Meta(max_length=protocol.MAX_META_BYTES // 2)]
+    rv: NotRequired[bool]  # the controller is answered through the host's agent
+
+
 class Call(TypedDict):
     """CALL and STOP: run endpoint `m` of actor `a` at point `pt`, under call id `s`."""
 
@@ -83,6 +93,8 @@ class Call(TypedDict):
     bc: NotRequired[bool]  # a broadcast: an Exception fails the actor rather than answer
     rp: NotRequired[bool]  # the first argument is the Port the answer goes to (Monarch's send(port=))
     rv: NotRequired[bool]  # came through the proc's host agent: the answer goes back the same way
+    fo: NotRequired[bool]  # a member of a host fold: `rt` is its host's folder, not a controller
+    fg: NotRequired[FoldGroup]  # this point folds its host's members' values (an Accumulator)
 
 
 class Owner(TypedDict):
@@ -149,6 +161,7 @@ class Result(TypedDict):
     inc: NotRequired[Count]
     n: NotRequired[RequestId | None]
     o: NotRequired[Origin]  # the answer to a call an actor made
+    fp: NotRequired[Annotated[list[Point], Meta(min_length=1, max_length=1 << 16)]]  # folded in with `pt` (FoldGroup)
 
 
 class Pong(TypedDict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from typing import Any
 
 import structlog
 
@@ -32,6 +33,8 @@ class _Outbound:
     host_inbox: str
     _relayed: dict[str, bytes]
     _adoption: asyncio.Task | None
+    own_address: str
+    folds: Any  # worker/_folding.Folds
 
     def _answer_through_agent(self, rt: object) -> None:
         """A call came through this host's agent: answers to `rt` go back through it too."""
@@ -44,7 +47,14 @@ class _Outbound:
         self._send(rt, wire.encode(kind, meta, frames or []))
 
     def _send(self, rt: str, msg: list) -> None:
-        """Collect a reply; `_flush_out` sends each address's replies as few batches."""
+        """Collect a reply; `_flush_out` sends each address's replies as few batches. A fold's
+        folder is its own point's `rt`: that answer stays here (an answer to a call one of its
+        actors made to another of them goes through the inbox, as any)."""
+        if rt == self.own_address:
+            kind, meta, payload = wire.decode(msg)
+            if kind is Kind.RESULT and "o" not in meta:
+                self.folds.result(meta, payload)
+                return
         out = self._out.get(rt)
         if out is None:
             if not self._out and not self._reading:  # from a task: send once this step is done

@@ -242,13 +242,33 @@ class Accumulator:
     """Monarch's `Accumulator(endpoint, identity, reducer)`: `accumulate(*args)` calls every member
     and folds their values, in mesh order, into `identity` with `reducer(acc, value)`. Works on a
     controller mesh's endpoint and on a reference's inside an actor; the values folded are the
-    call's results, journaled where the controller makes the call."""
+    call's results, journaled where the controller makes the call.
 
-    def __init__(self, endpoint: Any, identity: Any, reducer: Callable[[Any, Any], Any]):
+    `on_host=True` (a controller's endpoint) folds each host's values on that host first, so the
+    controller gets, and journals, one value per host rather than one per actor. Then `reducer`
+    must be associative and commutative with `identity` its neutral element (a sum, a max, merging
+    counters): values are folded per host, and the hosts' folds together, in no fixed order
+    across hosts. `identity` and `reducer` travel pickled to the hosts; inside an actor, or where
+    they do not pickle, the values are folded where the call is made, as without it."""
+
+    def __init__(self, endpoint: Any, identity: Any, reducer: Callable[[Any, Any], Any], *, on_host: bool = False):
         self._endpoint, self._identity, self._reducer = endpoint, identity, reducer
+        self._on_host = on_host
 
-    def accumulate(self, *args: Any, **kwargs: Any) -> Reduced:
+    def accumulate(self, *args: Any, **kwargs: Any) -> Any:
+        if self._on_host:
+            fold = getattr(self._endpoint, "reduce_on_hosts", None)
+            if fold is not None:
+                return fold(self._identity, self._reducer, args, kwargs)
         return Reduced(self._endpoint.call(*args, **kwargs), self._identity, self._reducer)
+
+
+@dataclass(frozen=True)
+class HostFold:
+    """The values of one host's `points` of a call, folded there (Accumulator(on_host=True))."""
+
+    points: tuple[int, ...]
+    value: Any
 
 
 class Mapped:

@@ -47,6 +47,7 @@ from regent.wire.transport import (
 )
 from regent.worker._bodies import Body, Waiters, current_body
 from regent.worker._bodies import start as start_body
+from regent.worker._folding import Folds
 from regent.worker._host_watch import _environment_of, _HostWatch
 from regent.worker._proc_answers import _Answers
 from regent.worker._proc_ending import CLOSE_S, _Ending
@@ -102,6 +103,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
         self.ctx = ctx or zmq.Context()  # a hollow host's procs share their agent's (worker/hollow.py)
         self.creds = load_credentials()
         self.inbox = Inbox(self.ctx, self.creds, bind_host, advertise=advertise)
+        self.own_address = self.inbox.address  # a fold's folder answers its own point here
         self.outbox = Outbox(self.ctx, self.creds, max_peers=RECEIVER_MAX_PEERS)
         self.host_inbox = host_inbox
         self.core = ProcCore(session, proc_id, epoch, os.getpid())  # admission, dedupe, results
@@ -109,6 +111,7 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
         self.dedupe = self.core.dedupe
         self.client = ActorClient(self)  # the calls this proc's actors make
         self.ports = ProcPorts(self)  # channels its actors opened, calls answered through a port
+        self.folds = Folds(self._send, self._answer_through_agent)  # Accumulators folded here (_folding.py)
         self._born_with: dict[str, list] = {}  # meshes spawned by actors still in __init__
         self.actors: dict[str, _Slot] = {}
         self._ended: dict[str, str] = {}  # why each actor that is gone went (the latest ENDED_KEPT)
@@ -272,12 +275,19 @@ class ProcRuntime(_HostWatch, _Owners, _Answers, _Outbound, _Ending, _Running):
             elif not self.client.on_host_reply(meta):
                 self._on_host_reply(meta)
             return
-        if kind is Kind.RESULT:  # the answer to a call one of our actors made
+        if kind is Kind.RESULT:  # the answer to a call one of our actors made, or to a fold here
             if meta.get("sid", self.session) == self.session:
-                self.client.on_result(meta, payload)
+                if "o" in meta:
+                    self.client.on_result(meta, payload)
+                else:
+                    self.folds.result(meta, payload)
             return
         if meta.get("rv") is True:
             self._answer_through_agent(meta.get("rt"))
+        if kind is Kind.CALL and "fg" in meta and meta["sid"] == self.session:
+            self.folds.expect(meta, self.fence.epoch)
+        elif kind is Kind.WATERMARK and meta["sid"] == self.session:
+            self.folds.release(meta["dw"])
         controller = self.core.log_to
         for effect in self.core.receive(kind, meta, payload):
             if isinstance(effect, Reply):

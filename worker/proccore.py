@@ -126,7 +126,7 @@ class ProcCore:
             if meta.get("o"):
                 refused["o"] = meta["o"]  # an actor's call: its proc takes the newer epoch and resends
             return [Reply(rt, Kind.RESULT, refused)]
-        if rt and not meta.get("o"):
+        if rt and not meta.get("o") and not meta.get("fo"):
             self.log_to = rt  # an admitted epoch: the newest controller, which gets our output
         if kind is Kind.FENCE:
             return [Reply(rt, Kind.PONG, {"id": self.proc_id, "e": self.fence.epoch, "n": meta.get("n")})] if rt else []

@@ -93,10 +93,12 @@ def test_a_mesh_over_hollow_and_real_hosts_goes_through_a_failover_running_every
         assert standby.returncode == 0, c.log_tail()
         result = json.loads(out.strip().splitlines()[-1])
         assert agents["h"].poll() is None and agents["r"].poll() is None
-    assert [step for step, _, _ in result["seen"]] == list(range(steps))
-    for step, values, total in result["seen"]:
+    assert [step for step, *_ in result["seen"]] == list(range(steps))
+    for step, values, total, folded in result["seen"]:
         assert values == [step + 1] * 2 * per_host, (step, values)
         assert total == (step + 1) * per_host, (step, total)
+        assert folded == (step + 1) * 2 * per_host, (step, folded)  # each host's fold, replayed or live
+    assert [n for n, _, _ in result["folds"]] == [steps] * 2 * per_host  # each folded call ran once
     n, heard, pids = zip(*result["final"], strict=True)
     assert n == (steps,) * 2 * per_host and heard == (steps,) * 2 * per_host
     assert set(pids[:per_host]) == {agents["h"].pid}  # the hollow host's procs live in its agent

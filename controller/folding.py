@@ -1,0 +1,108 @@
+"""An Accumulator folded on its hosts (`Accumulator(..., on_host=True)`), the controller's side.
+
+A fold is a mesh-wide call like any other: one call id, a point per actor, its record and each
+point's outcome journaled. What differs is the first send's route: the points of one host
+answer their host's folder (its first point, worker/_folding.py), which answers the controller
+with one value for them all, a HostFold naming its points. `expand` turns that one answer into
+an outcome per point (the folder's holds the HostFold, the others an empty value), so the
+journal, the watermarks and a replay see one outcome per point as for `call()`. Every later
+send of the call goes unfolded, to the controller itself: the values then come one by one, and
+`FoldSink` folds HostFolds and plain values alike, in mesh order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from regent import wire
+from regent.wire import Kind
+from regent.worker.ports import HostFold
+
+if TYPE_CHECKING:
+    from regent.controller.core import PendingCall
+    from regent.controller.refs import ProcRef
+
+log = structlog.get_logger("regent.controller")
+
+MAX_FN_BYTES = 16 * 1024  # a pickled (identity, reducer) larger than this is folded here
+
+
+def pickled_reducer(identity: Any, reducer: Callable[[Any, Any], Any]) -> bytes | None:
+    """(identity, reducer) as the folders get them, or None where they cannot go (they do not
+    pickle, carry buffers of their own, or are too large): the controller then folds."""
+    try:
+        frames = wire.dumps((identity, reducer))
+    except Exception as e:  # noqa: BLE001 - a reducer that does not pickle is folded here
+        log.info("the Accumulator's reducer is folded on the controller", error=repr(e))
+        return None
+    if len(frames) != 1 or len(frames[0]) > MAX_FN_BYTES:
+        return None
+    return bytes(frames[0])
+
+
+def groups(procs: Sequence[ProcRef], ranks: Iterable[int]) -> dict[int, tuple[int, ...]]:
+    """Folder rank -> the ranks it folds (its own first), for each host with two points or more."""
+    by_host: dict[str, list[int]] = {}
+    for r in ranks:
+        by_host.setdefault(procs[r].host, []).append(r)
+    return {pts[0]: tuple(pts) for pts in by_host.values() if len(pts) > 1}
+
+
+def fold_metas(procs: Sequence[ProcRef], folds: Mapping[int, tuple[int, ...]], fn: bytes, reply_to: str,
+               relay: bool) -> list[dict]:
+    """Per-rank metadata of a fold's first send: each folded point answers its folder."""
+    metas: list[dict] = [{} for _ in procs]
+    for folder, pts in folds.items():
+        via = procs[folder].address
+        for r in pts:
+            metas[r] = {"rt": via, "fo": True, "rv": False}
+        group = {"to": reply_to, "pts": list(pts), "fn": fn}
+        if relay:
+            group["rv"] = True
+        metas[folder]["fg"] = group
+    return metas
+
+
+def expand(calls: Mapping[int, PendingCall], replies: list[tuple[Kind, dict, list]]) -> list[tuple[Kind, dict, list]]:
+    """Each folder's answer as an outcome per point it names; one that does not match the fold
+    sent, or comes after one of its points was answered otherwise, is dropped (its points are
+    answered one by one when the call is sent again)."""
+    out = []
+    for kind, meta, payload in replies:
+        fp = meta.get("fp") if kind is Kind.RESULT else None
+        if fp is None:
+            out.append((kind, meta, payload))
+            continue
+        seq, pt = meta["s"], meta["pt"]
+        call = calls.get(seq)
+        folds = getattr(call.wire, "folds", None) if call is not None and call.wire is not None else None
+        pts = (pt, *fp)
+        if not folds or folds.get(pt) != pts or meta["st"] != "ok" or any(p in call.results for p in pts):
+            log.debug("a host's fold dropped", seq=seq, point=pt)
+            continue
+        first = {k: v for k, v in meta.items() if k != "fp"}
+        out.append((kind, first, payload))
+        base = {k: meta[k] for k in ("sid", "a") if k in meta}
+        out.extend((Kind.RESULT, {**base, "s": seq, "pt": p, "st": "ok"}, []) for p in fp)
+    return out
+
+
+def folded(values: Mapping[int, Any], ranks: Sequence[int], identity: Any, reducer: Callable[[Any, Any], Any]) -> Any:
+    """The fold of a call's values in mesh order: a HostFold stands for its points, whose own
+    values (empty) are skipped; any other value is folded in as it is."""
+    covered: set[int] = set()
+    for r in ranks:
+        v = values[r]
+        if isinstance(v, HostFold):
+            covered.update(v.points)
+    acc = identity
+    for r in ranks:
+        v = values[r]
+        if isinstance(v, HostFold):
+            acc = reducer(acc, v.value)
+        elif r not in covered:
+            acc = reducer(acc, v)
+    return acc
