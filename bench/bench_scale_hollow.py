@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import operator
 import os
 import statistics
 import subprocess
@@ -45,13 +46,14 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench_core import add_target, latency_stats, note, note_targets, run_and_report  # noqa: E402
+from bench_core import add_target, cpu_seconds, latency_stats, note, note_targets, run_and_report  # noqa: E402
 from bench_failover import etcd_server, fast_election_etcd  # noqa: E402
 from bench_scale import Noop, broadcast_phase  # noqa: E402
 
 from regent.controller import Session  # noqa: E402
 from regent.journal import open_journal  # noqa: E402
 from regent.journal.hosts import registered_hosts  # noqa: E402
+from regent.worker import Accumulator  # noqa: E402
 
 # 128 real procs starting on 2 cores starve etcd past a 15 s lease: the bench measures the
 # controller's costs, not a deposed controller. The hosts run at the lowest priority for the
@@ -119,6 +121,29 @@ def journal_bytes(url: str, session: str) -> int:
         j.close()
 
 
+def accumulate_phase(s: Session, url: str, name: str, actors: Any, procs: int, rounds: int) -> dict[str, Any]:
+    """An Accumulator's sum over every actor, folded in the controller and on the hosts, in turns:
+    p50, the controller's CPU per accumulate and the journal's bytes per accumulate of each."""
+    out: dict[str, Any] = {}
+    for how, on_host in (("controller", False), ("on_host", True)):
+        acc = Accumulator(actors.noop, 0, operator.add, on_host=on_host)
+        s.now()
+        before, lat, cpu0 = journal_bytes(url, name), [], cpu_seconds()
+        for _ in range(rounds):
+            t = time.perf_counter_ns()
+            total = acc.accumulate(1).get(timeout=600)
+            lat.append(time.perf_counter_ns() - t)
+            if total != procs:
+                raise AssertionError(f"accumulate folded {total}, not {procs}")
+        cpu = (cpu_seconds() - cpu0) / rounds * 1e6
+        s.now()
+        out[how] = {"p50_ms": round(statistics.median(lat) / 1e6, 2), "cpu_us_per_accumulate": round(cpu),
+                    "journal_bytes_per_accumulate": round((journal_bytes(url, name) - before) / rounds)}
+    out["cpu_ratio_on_host"] = round(out["on_host"]["cpu_us_per_accumulate"]
+                                     / out["controller"]["cpu_us_per_accumulate"], 3)
+    return out
+
+
 def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int,
             repeats: int, route: str = "direct") -> dict[str, Any]:
     """One session's figures; `route`: "direct" (a message per proc from the controller) or
@@ -143,6 +168,7 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
         s.now()  # what the calls journaled is durable, so counted below
         per_call = (journal_bytes(hosts.url, name) - before) / calls
         rates, cpus = zip(*(broadcast_phase(actors, procs, broadcasts) for _ in range(repeats)), strict=True)
+        folds = accumulate_phase(s, hosts.url, name, actors, procs, calls)
         rss = psutil.Process().memory_info().rss / 2**20
         return {"procs": procs, "hosts": n_hosts, "hollow": hosts.hollow > 0, "route": route,
                 "spawn_procs_s": round(spawned_procs, 2), "spawn_s": round(spawn_s, 2),
@@ -150,7 +176,7 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
                 "cpu_us_per_delivery": round(statistics.median(cpus), 2),
                 "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
                 "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
-                "journal_bytes_per_call_all": round(per_call),
+                "journal_bytes_per_call_all": round(per_call), "accumulate": folds,
                 "hosts_rss_mib": round(hosts.rss_mib(), 1),
                 "resends": dict(s.runtime.resends)}  # calls sent again, by reason (controller/_links.py)
 
