@@ -114,9 +114,11 @@ def test_values_answering_calls_one_by_one_are_items_of_the_calls_records_after_
         values = [one.echo.call_one(i).get() for i in range(60)]  # no deadline: see test_read_results_durable
     assert values == [i * 10 for i in range(60)]
     raw = _verified_records(url, name)
-    # Not a record per call or value (120 items). How many CALLS records the 60 make depends on
-    # how the machine's load spaces the group commits (16 under a loaded full suite), not on the design.
-    assert len(raw) < 40, collections.Counter(r.kind for r in raw)
+    # Not a record per call or value (120 items): a value's item shares a group commit with the
+    # next call's, so at most about one record per call, plus the session's few of its own. How
+    # many the 60 make below that depends on how the machine's load spaces the group commits (16
+    # under a loaded full suite, 40 and 42 in others), not on the design.
+    assert len(raw) < 60 + 12, collections.Counter(r.kind for r in raw)
     assert not [r for r in raw if r.kind == RESULT and r.data["s"] >= first]
     # In stream order: each call's item, later its value's.
     order = [(r.kind, r.data["s"]) for r in expand(raw) if r.kind in (CALL, RESULT) and r.data["s"] >= first]
