@@ -116,6 +116,7 @@ _REGENT_DIRS = tuple({_PACKAGE + os.sep} | {os.path.realpath(os.path.join(_PACKA
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib")})
 _handoff_pending = False
 _handoff_confirm: Callable[[], bool] | None = None  # a store-asked hand-over's last check
+_handoff_asks = 0  # requests the store's watch reported: one during the check keeps the hand-over
 
 
 def _raise_handoff(signum: int, frame: Any) -> None:
@@ -152,8 +153,10 @@ def raise_pending_handoff() -> None:
     global _handoff_pending, _handoff_confirm
     if not _handoff_pending:
         return
-    confirm, _handoff_confirm = _handoff_confirm, None
+    confirm, _handoff_confirm, asks = _handoff_confirm, None, _handoff_asks
     if confirm is not None and not confirm():
+        if asks != _handoff_asks:  # the watch reported a new request meanwhile: that one stands
+            return
         _handoff_pending = False
         log.warning("the program that asked for the hand-over no longer stands by (stopped or killed); this "
                     "primary goes on")
@@ -288,11 +291,12 @@ class LiveEdge:
 
     def _on_handover_request(self, request: dict) -> None:
         """The store asks this primary to hand over (`regent upgrade`): as SIGTERM does."""
-        global _handoff_pending, _handoff_confirm
+        global _handoff_pending, _handoff_confirm, _handoff_asks
         log.info("a hand-over was asked for through the store; handing the session over at the next "
                  "session call", session=self.name, by=request["by"])
         watch = self._handover
-        _handoff_confirm = None if watch is None else (lambda: watch.still_asked(request))
+        _handoff_confirm = None if watch is None else watch.asked
+        _handoff_asks += 1
         _handoff_pending = True
 
     @property

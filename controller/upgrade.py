@@ -157,8 +157,8 @@ def takeover_check(backend: Any, session: str, index: Any) -> tuple[str | None, 
 class HandoverWatch:
     """The primary's side: polls the store every WATCH_INTERVAL_S for a request for its epoch,
     and calls `on_request(request)` once per requester. Store errors are retried (a transient
-    outage must not end the run); `close` stops it. `still_asked(request)`, at the moment of
-    handing over: a requester gone since (stopped, killed) is not handed the session."""
+    outage must not end the run); `close` stops it. `asked()`, at the moment of handing over: a
+    requester gone since (stopped, killed) is not handed the session, unless another asks now."""
 
     def __init__(self, backend: Any, session: str, epoch: int, on_request: Callable[[dict], None]):
         self._backend, self._session, self._epoch = backend, session, epoch
@@ -184,16 +184,19 @@ class HandoverWatch:
                 self._reported = request["by"]
                 self._on_request(request)
 
-    def still_asked(self, request: dict) -> bool:
-        """Whether `request`'s requester still stands by asking (one read of the store; if the
-        store does not answer, the hand-over goes ahead as asked)."""
+    def asked(self) -> bool:
+        """Whether a requester still stands by asking (one read of the store; if the store does
+        not answer, the hand-over goes ahead as asked). Any requester, not only the one that
+        was seen: an upgrade that started over asks again under a new name, possibly while
+        this look runs, after the watch reported it (the pending hand-over must not then be
+        dropped for the first requester's absence)."""
         try:
             now = handover_request(self._backend, self._session, self._epoch)
         except Exception as e:  # noqa: BLE001 - the request was valid when seen
             log.warning("cannot check the hand-over request again; handing over as asked", session=self._session,
                         error=str(e))
             return True
-        return now is not None and now["by"] == request["by"]
+        return now is not None
 
     def close(self) -> None:
         self._stop.set()

@@ -43,3 +43,39 @@ def test_a_sigterm_in_the_program_or_a_library_it_called_raises_at_once():
     with pytest.raises(edge.Handoff):  # raised in the program, and then at its next session call too
         edge.raise_pending_handoff()
     edge._handoff_pending = False
+
+
+def test_a_store_asked_hand_over_stands_when_another_request_comes_while_the_first_is_checked():
+    """`regent upgrade` started over asks again under a new name; the watch reports it while the
+    primary checks the first requester, which is gone: the hand-over still happens (it once
+    did not, and the old program ran to its end)."""
+
+    class Watch:
+        def __init__(self) -> None:
+            self.live = False
+
+        def asked(self) -> bool:
+            if not self.live:  # the first requester is gone: meanwhile the second one is reported
+                self.live = True
+                report({"by": "second"})
+                return False
+            return True  # the second one asks
+
+    watch = Watch()
+    site = type("Site", (), {"name": "s", "_handover": watch})()
+
+    def report(request: dict) -> None:
+        edge.LiveEdge._on_handover_request(site, request)
+
+    edge._handoff_pending = False
+    report({"by": "first"})
+    edge.raise_pending_handoff()  # the first is gone; the second, reported during the look, stands
+    assert edge._handoff_pending
+    with pytest.raises(edge.Handoff):
+        edge.raise_pending_handoff()  # checked again: the second asks
+    edge._handoff_pending = False
+    # Without a new request, a gone requester leaves the primary going on.
+    watch.asked = lambda: False
+    report({"by": "third"})
+    edge.raise_pending_handoff()
+    assert not edge._handoff_pending
