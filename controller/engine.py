@@ -363,12 +363,17 @@ class Engine:
         if status in ("fenced", "lost") or not self.journaled:
             return None
         if status == "ok":
+            if "fd" in outcome.meta:  # folded into its host's folder's item, journaled just before
+                outcome.lsn = COLLECTED
+                return None
             if size <= LARGE_RESULT_BYTES:
                 # An item of the CALLS stream, after its call's: no record of its own and no
                 # lock on the program's path. Its lsn comes later, through the writer's tickets.
                 outcome.lsn = COLLECTED
                 self.releases.collected.append(call.seq)
-                return Collect((call.seq, point, wire.frame_bytes(outcome.frames), ts))
+                item = (call.seq, point, wire.frame_bytes(outcome.frames), ts)
+                fp = outcome.meta.get("fp")
+                return Collect((*item, fp) if fp else item)  # a host's fold: its points too
             data: dict[str, Any] = {"s": call.seq, "pt": point, "st": status}
             if size <= self.value_limit:
                 data["v"] = wire.frame_bytes(outcome.frames)  # too large for a CALLS item

@@ -4,8 +4,10 @@ A fold is a mesh-wide call like any other: one call id, a point per actor, its r
 point's outcome journaled. What differs is the first send's route: the points of one host
 answer their host's folder (its first point, worker/_folding.py), which answers the controller
 with one value for them all, a HostFold naming its points. `expand` turns that one answer into
-an outcome per point (the folder's holds the HostFold, the others an empty value), so the
-journal, the watermarks and a replay see one outcome per point as for `call()`. Every later
+an outcome per point (the folder's holds the HostFold, the others an empty value, `fd`), so the
+watermarks and a replay see one outcome per point as for `call()`; the journal holds the fold as
+one item of the CALLS stream naming the points folded in (controller/replay.py reads it back as
+an outcome each). Every later
 send of the call goes unfolded, to the controller itself: the values then come one by one, and
 `FoldSink` folds HostFolds and plain values alike, in mesh order.
 """
@@ -83,10 +85,9 @@ def expand(calls: Mapping[int, PendingCall], replies: list[tuple[Kind, dict, lis
         if not folds or folds.get(pt) != pts or meta["st"] != "ok" or any(p in call.results for p in pts):
             log.debug("a host's fold dropped", seq=seq, point=pt)
             continue
-        first = {k: v for k, v in meta.items() if k != "fp"}
-        out.append((kind, first, payload))
+        out.append((kind, meta, payload))  # journaled as one item naming its points (`fp`)
         base = {k: meta[k] for k in ("sid", "a") if k in meta}
-        out.extend((Kind.RESULT, {**base, "s": seq, "pt": p, "st": "ok"}, []) for p in fp)
+        out.extend((Kind.RESULT, {**base, "s": seq, "pt": p, "st": "ok", "fd": pt}, []) for p in fp)
     return out
 
 

@@ -98,7 +98,8 @@ def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
                     yield Record(lsn, epoch, CALL, {"s": s, "k": k, "a": a, "m": m, "d": d, "pts": pts,
                                                     "task": task}, ts)
                 else:
-                    yield Record(lsn, epoch, RESULT, collected_result(item, session, lsn), item[-1])
+                    for data in collected_results(item, session, lsn):
+                        yield Record(lsn, epoch, RESULT, data, item[3])
         elif kind == RESULTS:
             lsn, epoch, ts = rec.lsn, rec.epoch, rec.ts
             for data in batched_results(rec, session):
@@ -107,14 +108,22 @@ def expand(records: Iterable[Record], session: str = "") -> Iterator[Record]:
             yield rec
 
 
-def collected_result(item: Any, session: str = "", lsn: int = -1) -> dict:
-    """The RESULT record's data a CALLS item `[s, pt, frames, ts]` stands for: a plain value
-    that answered its call alone (Session._record_result), in the stream after its call."""
+def collected_results(item: Any, session: str = "", lsn: int = -1) -> list[dict]:
+    """The RESULT records' data a CALLS item `[s, pt, frames, ts]` stands for: a plain value
+    that answered its call alone (Session._record_result), in the stream after its call; with a
+    fifth element, the points a host folded into it (controller/folding.py), each answered with
+    an empty value."""
     try:
-        s, pt, frames, _ts = item
+        s, pt, frames, _ts, *folded = item
         if type(s) is not int or type(pt) is not int:
             raise TypeError(f"seq {s!r} and point {pt!r} are not ints")
-        return {"s": s, "pt": pt, "st": "ok", "v": tuple(frames)}
+        out = [{"s": s, "pt": pt, "st": "ok", "v": tuple(frames)}]
+        if folded:
+            (points,) = folded
+            if not isinstance(points, list) or not all(type(p) is int for p in points):
+                raise TypeError(f"folded points {points!r} are not a list of ints")
+            out.extend({"s": s, "pt": p, "st": "ok", "v": ()} for p in points)
+        return out
     except (TypeError, ValueError) as e:
         raise CorruptRecord(session or "(unnamed)", lsn,
                             f"a calls record holds an item that is neither a call nor a value ({e})") from e
@@ -272,7 +281,8 @@ class ReplayIndex:
                 if s > top:
                     top = s
             else:
-                self._add_result(collected_result(item, lsn=rec.lsn))
+                for d in collected_results(item, lsn=rec.lsn):
+                    self._add_result(d)
         self.max_seq = top
 
     def _add_results(self, rec: Any) -> None:

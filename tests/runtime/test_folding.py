@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import operator
 
+import pytest
+
 from regent import wire
-from regent.controller.core import PendingCall
+from regent.controller.core import Outcome, PendingCall
+from regent.controller.engine import COLLECTED, Collect, Engine
 from regent.controller.folding import expand, fold_metas, folded, groups, pickled_reducer
 from regent.controller.refs import ProcRef, Wire
+from regent.controller.replay import CALLS, CorruptRecord, ReplayIndex
+from regent.controller.replay import expand as expand_records
+from regent.journal import Record
 from regent.wire import Kind
 from regent.worker._folding import MAX_GROUPS, Folds
 from regent.worker.ports import HostFold
@@ -112,7 +118,8 @@ def test_expand_gives_each_folded_point_an_outcome_or_drops_a_fold_that_does_not
     call.wire = Wire(Kind.CALL, {}, [], None, procs, 0.0, 3.0, folds=folds)
     fold = (Kind.RESULT, {"sid": "s", "s": 9, "a": "c", "pt": 0, "st": "ok", "fp": [1, 2]}, [b"x"])
     out = expand({9: call}, [fold])
-    assert [(m["pt"], "fp" in m, p) for _, m, p in out] == [(0, False, [b"x"]), (1, False, []), (2, False, [])]
+    assert [(m["pt"], m.get("fp"), m.get("fd"), p) for _, m, p in out] == [
+        (0, [1, 2], None, [b"x"]), (1, None, 0, []), (2, None, 0, [])]
     wrong = (Kind.RESULT, {**fold[1], "fp": [1]}, [b"x"])  # not the group sent
     assert expand({9: call}, [wrong]) == [] and expand({}, [fold]) == []
     call.results[2] = object()  # answered unfolded already
@@ -123,3 +130,20 @@ def test_a_fold_of_hostfolds_and_plain_values_is_the_fold_of_every_value() -> No
     values = {0: HostFold((0, 2), 5), 1: 7, 2: None, 3: 1}
     assert folded(values, [0, 1, 2, 3], 0, operator.add) == 13
     assert pickled_reducer(0, lambda a, v: a + v) is not None  # cloudpickle takes a lambda
+
+
+def test_a_hosts_fold_is_one_journal_item_read_back_as_an_outcome_per_point() -> None:
+    engine = Engine("s", None)
+    call = PendingCall(4, "call", "c", "m", {0: "p0", 1: "p1", 2: "p2"})
+    folder = Outcome("ok", {"s": 4, "pt": 0, "st": "ok", "fp": [1, 2]}, [b"v"])
+    member = Outcome("ok", {"s": 4, "pt": 1, "st": "ok", "fd": 0}, [])
+    item = engine.outcome_record(call, 0, folder, 1, 9.0)
+    assert isinstance(item, Collect) and item.item == (4, 0, [b"v"], 9.0, [1, 2])
+    assert engine.outcome_record(call, 1, member, 0, 9.0) is None and member.lsn == COLLECTED
+    rec = Record(3, 1, CALLS, {"items": [[4, "call", "c", "m", b"", [0, 1, 2], 8.0], list(item.item)]}, 9.0)
+    results = ReplayIndex([rec]).calls[4].results
+    assert {p: r["v"] for p, r in results.items()} == {0: (b"v",), 1: (), 2: ()}
+    assert [r.data["pt"] for r in expand_records([rec]) if r.kind == "result"] == [0, 1, 2]
+    bad = Record(3, 1, CALLS, {"items": [[4, 0, [b"v"], 9.0, ["x"]]]}, 9.0)
+    with pytest.raises(CorruptRecord, match="neither a call nor a value"):
+        ReplayIndex([bad])
