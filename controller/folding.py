@@ -3,13 +3,13 @@
 A fold is a mesh-wide call like any other: one call id, a point per actor, its record and each
 point's outcome journaled. What differs is the first send's route: the points of one host
 answer their host's folder (its first point, worker/_folding.py), which answers the controller
-with one value for them all, a HostFold naming its points. `expand` turns that one answer into
-an outcome per point (the folder's holds the HostFold, the others an empty value, `fd`), so the
+with one value for them all, naming the points it folded in (`fp`). `expand` turns that one
+answer into an outcome per point (the folder's holds the fold, the others an empty value), so the
 watermarks and a replay see one outcome per point as for `call()`; the journal holds the fold as
 one item of the CALLS stream naming the points folded in (controller/replay.py reads it back as
 an outcome each). Every later
 send of the call goes unfolded, to the controller itself: the values then come one by one, and
-`FoldSink` folds HostFolds and plain values alike, in mesh order.
+`FoldSink` folds the hosts' folds and plain values alike, in mesh order.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import structlog
 
 from regent import wire
 from regent.wire import Kind
-from regent.worker.ports import HostFold
 
 if TYPE_CHECKING:
     from regent.controller.core import PendingCall
@@ -91,19 +90,12 @@ def expand(calls: Mapping[int, PendingCall], replies: list[tuple[Kind, dict, lis
     return out
 
 
-def folded(values: Mapping[int, Any], ranks: Sequence[int], identity: Any, reducer: Callable[[Any, Any], Any]) -> Any:
-    """The fold of a call's values in mesh order: a HostFold stands for its points, whose own
-    values (empty) are skipped; any other value is folded in as it is."""
-    covered: set[int] = set()
-    for r in ranks:
-        v = values[r]
-        if isinstance(v, HostFold):
-            covered.update(v.points)
+def folded(values: Mapping[int, Any], covered: set[int], ranks: Sequence[int], identity: Any,
+           reducer: Callable[[Any, Any], Any]) -> Any:
+    """The fold of a call's values in mesh order, but for the `covered` points: those a host
+    folded into its folder's value (empty themselves)."""
     acc = identity
     for r in ranks:
-        v = values[r]
-        if isinstance(v, HostFold):
-            acc = reducer(acc, v.value)
-        elif r not in covered:
-            acc = reducer(acc, v)
+        if r not in covered:
+            acc = reducer(acc, values[r])
     return acc

@@ -482,7 +482,8 @@ class FoldSink(GatherSink):
 
     def _value(self, call: Any) -> Any:
         values = {r: self.decode(call, call.results[r]) for r in self.view.ranks}
-        return folded(values, self.view.ranks, self.identity, self.reducer)
+        covered = {p for r in self.view.ranks for p in call.results[r].meta.get("fp") or ()}
+        return folded(values, covered, self.view.ranks, self.identity, self.reducer)
 
 
 class StreamResults:

@@ -122,6 +122,7 @@ def collected_results(item: Any, session: str = "", lsn: int = -1) -> list[dict]
             (points,) = folded
             if not isinstance(points, list) or not all(type(p) is int for p in points):
                 raise TypeError(f"folded points {points!r} are not a list of ints")
+            out[0]["x"] = {"fp": points}  # the replayed outcome's metadata, as the live one's
             out.extend({"s": s, "pt": p, "st": "ok", "v": ()} for p in points)
         return out
     except (TypeError, ValueError) as e:

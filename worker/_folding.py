@@ -1,6 +1,6 @@
 """An Accumulator folded on its host (`Accumulator(..., on_host=True)`): one proc of each host
 (the folder, its first point in mesh order) gathers the results of its host's points and
-answers the controller with one value, a `HostFold` of them, rather than one result each.
+answers the controller with one value, the fold of theirs, rather than one result each.
 
 Nothing about a call changes but where its answer goes: each member runs its call once under
 its own id (the dedupe cache), and answers its folder (the call's `rt`) as it would answer a
@@ -23,7 +23,6 @@ import structlog
 from regent import wire
 from regent.wire import Kind
 from regent.worker.dedupe import LARGE_RESULT_BYTES
-from regent.worker.ports import HostFold
 
 log = structlog.get_logger("regent.proc")
 
@@ -114,7 +113,7 @@ class Folds:
         self._answer(group)
 
     def _fold(self, group: _Group) -> list | None:
-        """The frames of the fold's HostFold, or None where it must go unfolded."""
+        """The frames of the fold's value, or None where it must go unfolded."""
         if any(meta.get("st") != "ok" for meta, _ in group.results.values()):
             return None
         try:
@@ -123,7 +122,7 @@ class Folds:
             for p in group.points:
                 frames = group.results[p][1]
                 acc = reducer(acc, wire.loads(frames) if frames else None)
-            frames = wire.dumps(HostFold(group.points, acc))
+            frames = wire.dumps(acc)
         except Exception as e:  # noqa: BLE001 - the controller folds them itself and raises it there
             log.info("values sent unfolded", points=len(group.points), error=repr(e))
             return None

@@ -263,14 +263,6 @@ class Accumulator:
         return Reduced(self._endpoint.call(*args, **kwargs), self._identity, self._reducer)
 
 
-@dataclass(frozen=True)
-class HostFold:
-    """The values of one host's `points` of a call, folded there (Accumulator(on_host=True))."""
-
-    points: tuple[int, ...]
-    value: Any
-
-
 class Mapped:
     """Another future's value passed through `fn`: `.get(timeout)` or `await`."""
 

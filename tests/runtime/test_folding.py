@@ -17,7 +17,6 @@ from regent.controller.replay import expand as expand_records
 from regent.journal import Record
 from regent.wire import Kind
 from regent.worker._folding import MAX_GROUPS, Folds
-from regent.worker.ports import HostFold
 
 CTRL = "tcp://127.0.0.1:5000"
 FN = pickled_reducer(0, operator.add)
@@ -46,7 +45,7 @@ def test_a_folder_answers_once_every_point_is_in_even_those_that_came_before_its
     folds.result(*_result(7, 1, 99))  # a repeat: ignored
     [(rt, (kind, meta, payload))] = sent
     assert rt == CTRL and kind is Kind.RESULT and meta["pt"] == 0 and meta["fp"] == [1, 2]
-    assert wire.loads(payload) == HostFold((0, 1, 2), 8) and folds.folded == 1
+    assert wire.loads(payload) == 8 and folds.folded == 1
     folds.expect(_call(7, [0, 1, 2], epoch=2, to="tcp://127.0.0.1:6000"), fence=2)  # a new controller asks again
     assert sent[-1][0] == "tcp://127.0.0.1:6000" and sent[-1][1][1]["fp"] == [1, 2]
     folds.release(7)
@@ -126,9 +125,9 @@ def test_expand_gives_each_folded_point_an_outcome_or_drops_a_fold_that_does_not
     assert expand({9: call}, [fold, (Kind.PONG, {}, [])]) == [(Kind.PONG, {}, [])]
 
 
-def test_a_fold_of_hostfolds_and_plain_values_is_the_fold_of_every_value() -> None:
-    values = {0: HostFold((0, 2), 5), 1: 7, 2: None, 3: 1}
-    assert folded(values, [0, 1, 2, 3], 0, operator.add) == 13
+def test_a_fold_of_host_folds_and_plain_values_is_the_fold_of_every_value() -> None:
+    values = {0: 5, 1: 7, 2: None, 3: 1}  # point 0 holds its host's fold of itself and point 2
+    assert folded(values, {2}, [0, 1, 2, 3], 0, operator.add) == 13
     assert pickled_reducer(0, lambda a, v: a + v) is not None  # cloudpickle takes a lambda
 
 
@@ -143,6 +142,7 @@ def test_a_hosts_fold_is_one_journal_item_read_back_as_an_outcome_per_point() ->
     rec = Record(3, 1, CALLS, {"items": [[4, "call", "c", "m", b"", [0, 1, 2], 8.0], list(item.item)]}, 9.0)
     results = ReplayIndex([rec]).calls[4].results
     assert {p: r["v"] for p, r in results.items()} == {0: (b"v",), 1: (), 2: ()}
+    assert results[0]["x"] == {"fp": [1, 2]}  # what the sink reads the folded points from
     assert [r.data["pt"] for r in expand_records([rec]) if r.kind == "result"] == [0, 1, 2]
     bad = Record(3, 1, CALLS, {"items": [[4, 0, [b"v"], 9.0, ["x"]]]}, 9.0)
     with pytest.raises(CorruptRecord, match="neither a call nor a value"):

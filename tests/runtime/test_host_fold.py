@@ -1,5 +1,5 @@
 """An Accumulator folded on its hosts (`Accumulator(..., on_host=True)`): each host's first point
-folds its host's values and answers the controller with one HostFold; the program sees the same
+folds its host's values and answers the controller with one value; the program sees the same
 fold as without it, every actor runs once, an error is the first point's in mesh order, and a
 point that dies mid-fold (the folder or another) fails the accumulate rather than hang it."""
 
@@ -19,7 +19,6 @@ import pytest
 from regent import Actor, ActorError, Session, SupervisionError, context, endpoint
 from regent.controller import mesh as mesh_module
 from regent.worker import Accumulator
-from regent.worker.ports import HostFold
 from tests.support.agenthome import wait_for
 from tests.support.loopback import CLUSTER, loopback_agents
 
@@ -74,15 +73,15 @@ def hollow_hosts(request, own_home, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def folds_seen(monkeypatch) -> list[dict]:
-    """The values each FoldSink folded: HostFolds where the hosts folded."""
+    """The points each FoldSink found folded on their hosts, as {folder: points folded in}."""
     seen: list[dict] = []
-    real = mesh_module.folded
+    real = mesh_module.FoldSink._value
 
-    def spy(values, ranks, identity, reducer):
-        seen.append(dict(values))
-        return real(values, ranks, identity, reducer)
+    def spy(self, call):
+        seen.append({r: tuple(o.meta["fp"]) for r, o in sorted(call.results.items()) if o.meta.get("fp")})
+        return real(self, call)
 
-    monkeypatch.setattr(mesh_module, "folded", spy)
+    monkeypatch.setattr(mesh_module.FoldSink, "_value", spy)
     return seen
 
 
@@ -96,16 +95,13 @@ def test_each_host_folds_its_values_and_every_actor_runs_once(hollow_hosts, fold
         counts = Accumulator(c.words, collections.Counter(), operator.add, on_host=True).accumulate().get(timeout=30)
         assert counts["calls"] == 2 * HOLLOW and len(counts) == 3  # the two hollow agents' pids
         assert c.seen.call().get(timeout=30).values() == [3] * 2 * HOLLOW  # each once, folded or not
-        # One value per host reached the controller: a HostFold at each host's first point.
-        for values in folds_seen:
-            folds = {r: v for r, v in values.items() if isinstance(v, HostFold)}
-            assert sorted(folds) == [0, HOLLOW] and all(v is None for r, v in values.items() if r not in folds)
-            assert [f.points for f in folds.values()] == [tuple(range(HOLLOW)), tuple(range(HOLLOW, 2 * HOLLOW))]
+        # One value per host reached the controller: its first point's, naming the others.
+        assert folds_seen == [{0: tuple(range(1, HOLLOW)), HOLLOW: tuple(range(HOLLOW + 1, 2 * HOLLOW))}] * 3
         # A slice folds its own points; without on_host the controller folds, to the same value.
         part = c.slice(procs=slice(0, 2))
         assert Accumulator(part.incr, 0, operator.add, on_host=True).accumulate().get(timeout=30) == 4 * 4
         assert Accumulator(part.incr, 0, operator.add).accumulate().get(timeout=30) == 5 * 4
-        assert [v.points for v in folds_seen[-1].values() if isinstance(v, HostFold)] == [(0, 1), (HOLLOW, HOLLOW + 1)]
+        assert folds_seen[-1] == {0: (1,), HOLLOW: (HOLLOW + 1,)}
 
 
 def test_an_error_is_the_first_failing_points_and_an_unpicklable_reducer_folds_here(hollow_hosts,
@@ -124,7 +120,7 @@ def test_an_error_is_the_first_failing_points_and_an_unpicklable_reducer_folds_h
                 return acc + v
 
         assert Accumulator(c.incr, 0, locked_add, on_host=True).accumulate().get(timeout=30) == 2 * HOLLOW
-        assert not any(isinstance(v, HostFold) for v in folds_seen[-1].values())
+        assert folds_seen[-1] == {}
 
 
 @pytest.fixture
@@ -168,4 +164,4 @@ def test_hollow_and_real_hosts_fold_in_one_mesh(mixed_hosts, folds_seen) -> None
         procs = s.host_mesh(hosts=2, cluster=CLUSTER).spawn_procs(per_host={"procs": 4})
         c = procs.spawn("c", Counter)
         assert Accumulator(c.incr, 0, operator.add, on_host=True).accumulate().get(timeout=30) == 8
-        assert sorted(r for r, v in folds_seen[-1].items() if isinstance(v, HostFold)) == [0, 4]
+        assert folds_seen[-1] == {0: (1, 2, 3), 4: (5, 6, 7)}
