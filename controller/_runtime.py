@@ -357,16 +357,18 @@ class Runtime(_HostTable, _Links):
         except ProtocolError as e:
             log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
             return
-        if subs is None and "fp" not in meta:
-            try:
-                self._handle_one(kind, meta, payload)
-            except Exception:  # never the program's error: it may be reading the inbox
-                log.exception("a message failed (dropped)", peer=peer_of(frames[0]), kind=kind.name)
-            return
         replies = []
-        for sub in subs or [frames]:
+        if subs is None:
+            if "fp" not in meta:
+                try:
+                    self._handle_one(kind, meta, payload)
+                except Exception:  # never the program's error: it may be reading the inbox
+                    log.exception("a message failed (dropped)", peer=peer_of(frames[0]), kind=kind.name)
+                return
+            replies.append((kind, meta, payload))  # a host's fold, alone
+        for sub in subs or ():
             try:
-                replies.append(schema.CONTROLLER.decode_one(sub) if subs else (kind, meta, payload))
+                replies.append(schema.CONTROLLER.decode_one(sub))
             except ProtocolError as e:
                 log.warning("dropped malformed message from a batch", peer=peer_of(frames[0]), error=str(e))
         folds = any("fp" in m for _, m, _ in replies)

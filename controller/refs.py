@@ -52,7 +52,8 @@ class Wire:
         # the folder of each of them, whose point is sent unfolded once that folder is gone.
         self.folds = folds
         self._folder_of = {r: f for f, pts in folds.items() for r in pts} if folds else None
-        self.unfolded: set[int] = set()  # folders whose points answer the controller (a point died)
+        # Folders whose points answer here (a point of the fold died); none for any other call.
+        self.unfolded: set[int] | frozenset[int] = set() if folds else frozenset()
 
     def message(self, rank: int) -> list:
         """The call's message to one point."""
