@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import mmap
 import os
 import re
@@ -88,11 +89,18 @@ def _capacity(size: int) -> int:
     return max(MIN_CAPACITY, 1 << (size - 1).bit_length())
 
 
+@functools.cache
+def _have_shm() -> bool:
+    """Whether this machine has /dev/shm (looked at once: a peer is made per proc, a thousand in
+    a takeover, where a stat each took a third of a second in all)."""
+    return os.path.isdir(SHM_DIR)
+
+
 def bulk_bytes(path: str = "shm") -> int:
     """The smallest frame sent out of band on `path` ($REGENT_BULK_BYTES; 0: never)."""
     raw = os.environ.get("REGENT_BULK_BYTES", "")
     if not raw:
-        return DEFAULT_BULK_BYTES if path == "tcp" or os.path.isdir(SHM_DIR) else 0
+        return DEFAULT_BULK_BYTES if path == "tcp" or _have_shm() else 0
     try:
         value = int(raw)
     except ValueError:
