@@ -122,9 +122,13 @@ def test_a_program_changed_at_seq_k_fails_replay_naming_k(cluster_factory):
 
 def test_a_standby_whose_primary_finishes_the_run_exits_without_running_it_again(cluster_factory):
     c = cluster_factory("finished", steps=30)
+    hold = c.workdir / "finished.hold"  # the primary waits at step 3 until the standby stands by: on a
+    hold.touch()  # loaded machine the second process once started after the run had ended
+    first = c.start(REGENT_TEST_HOLD_FILE=str(hold))
+    c.wait_leader(1)
     c.start()
-    c.start()
-    first = c.by_pid(c.wait_leader(1))
+    c.wait_standby()
+    hold.unlink()
     result = c.finish(first)
     check_exactly_once(result, 30)
     standby = next(p for p in c.procs if p is not first)
