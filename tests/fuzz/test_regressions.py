@@ -24,6 +24,7 @@ from regent.worker.discovery import ensure_local_host, live_host_record
 from tests.fuzz.live import ping
 from tests.fuzz.targets import TARGETS, frame
 from tests.runtime.rawpeer import RawPeer
+from tests.support.agenthome import wait_for
 
 DEEP = b"\x91" * 5000 + b"\xc0"  # arrays 5000 deep: msgspec gives up with a RecursionError
 
@@ -147,7 +148,11 @@ def test_receivers_answer_a_new_peer_after_pings_naming_thousands_of_reply_addre
                     assert _answered(newcomer, address), f"{address} answers no new peer"
                 finally:
                     newcomer.close()
-            assert _fds(proc.pid) < 2 * RECEIVER_MAX_PEERS + 100 and _fds(agent["pid"]) < 2 * RECEIVER_MAX_PEERS + 100
+            # Evicted peers' sockets are closed by zmq's IO thread, which a loaded machine may run
+            # late: the bound must hold once it has, not at this instant.
+            bound = 2 * RECEIVER_MAX_PEERS + 100
+            wait_for(lambda: _fds(proc.pid) < bound and _fds(agent["pid"]) < bound, 20,
+                     f"the proc and the agent back under {bound} open files")
             assert mesh.echo.call_one("alive").get(timeout=10) == "alive"
         finally:
             peer.close()
