@@ -13,7 +13,8 @@ one session measures: spawn time (procs, then one actor per proc), `call()` on e
 at the end), and the journal
 bytes of one mesh-wide `call()` (the store's log, before and after --calls calls). Then, with
 --takeover N, SIGKILL of a primary calling every actor of an N-proc mesh in a loop -> the first
-call() its standby completes (bench/programs/failover_loop.py as both), --takeover-runs times.
+call() its standby completes (bench/programs/failover_loop.py as both), --takeover-runs times,
+with the standby linked to the workers while it waits or not (--standby-links on,off).
 
 Calibration, so the hollow figures mean something: at each --calibrate size the same loops run
 on real procs (one `regent host --cluster` agent per host, procs as processes) and on hollow
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import operator
 import os
 import statistics
@@ -240,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--takeover", type=int, default=1024, help="procs of the takeover figure (0: none)")
     p.add_argument("--takeover-runs", type=int, default=5)
     p.add_argument("--takeover-ttl", type=float, default=1.0, help="the controllers' lease TTL there")
+    p.add_argument("--standby-links", default="on",
+                   help="on, off or on,off: whether the standby links to the workers while it waits "
+                        "(REGENT_STANDBY_LINKS); off is reported as ROUTE_without_standby_links")
     p.add_argument("--store", choices=["etcd", "sqlite"], default="etcd",
                    help="the journal and host registry (etcd, as in production, when installed)")
     p.add_argument("--routes", default="direct,relay",
@@ -308,14 +313,17 @@ def main(argv: list[str] | None = None) -> None:
             if args.takeover:
                 note(f"takeover at {args.takeover} hollow procs")
                 report["takeover"] = {}
-                for route in routes:  # the programs inherit the route from this environment
+                # The programs inherit the route and the standby's links from this environment.
+                for route, links in itertools.product(routes, [m for m in args.standby_links.split(",") if m]):
                     os.environ["REGENT_RELAY"] = "1" if route == "relay" else "0"
+                    os.environ["REGENT_STANDBY_LINKS"] = "0" if links == "off" else "1"
+                    key = route if links != "off" else f"{route}_without_standby_links"
                     try:
                         hollow.grow(args.takeover // args.per_host)
-                        report["takeover"][route] = takeover(hollow, work, args.takeover, args.per_host,
-                                                             args.takeover_runs, args.takeover_ttl)
+                        report["takeover"][key] = takeover(hollow, work, args.takeover, args.per_host,
+                                                           args.takeover_runs, args.takeover_ttl)
                     except Exception as e:
-                        report["takeover"][route] = {"procs": args.takeover, "error": f"{type(e).__name__}: {e}"[:500]}
+                        report["takeover"][key] = {"procs": args.takeover, "error": f"{type(e).__name__}: {e}"[:500]}
         finally:
             real.close()
             hollow.close()

@@ -44,6 +44,12 @@ def _readable(sock: zmq.Socket) -> bool:
         return False
 
 
+def link_monitor(peer: Peer) -> tuple[zmq.Socket, Peer]:
+    """A monitor of `peer`'s link: its connects and handshakes (made before it connects, so
+    the first connect is seen and a later one is known to be a reconnect)."""
+    return peer.sock.get_monitor_socket(zmq.EVENT_CONNECTED | _HANDSHAKE_EVENTS), peer
+
+
 class _Links:
     """Link monitors and resends. Uses the Runtime's `core`, `outbox`, `_relay_host` and
     `try_send_to_proc`, and the bookkeeping its __init__ sets up."""
@@ -59,8 +65,7 @@ class _Links:
     outbox: Any
 
     def _watch(self, peer: Peer) -> None:
-        mon = peer.sock.get_monitor_socket(zmq.EVENT_CONNECTED | _HANDSHAKE_EVENTS)
-        self._monitors.append((mon, peer))
+        self._monitors.append(link_monitor(peer))
 
     def _check_links(self) -> None:
         """Resend outstanding calls over links that broke and came back."""

@@ -26,6 +26,7 @@ from regent import wire
 from regent.controller._groupblame import HeldGroupFailures
 from regent.controller._hosttable import _HostTable
 from regent.controller._links import _Links
+from regent.controller._standby import Transport
 from regent.controller.core import ControllerCore, Outcome, PendingCall
 from regent.controller.drive import Drive
 from regent.controller.folding import expand
@@ -34,14 +35,11 @@ from regent.controller.recorder import OutcomePort
 from regent.controller.refs import ProcRef
 from regent.wire import Kind, ProtocolError, bulk, schema
 from regent.wire.protocol import MAX_BUFFERS
-from regent.wire.security import load_credentials, stop_authenticator
+from regent.wire.security import stop_authenticator
 from regent.wire.transport import (
     BATCH_MAX_AGE_S,
-    Inbox,
-    Outbox,
     Peer,
     PeerGone,
-    context,
     peer_of,
     readable,
     refuse_oversized_call,
@@ -54,19 +52,19 @@ log = structlog.get_logger("regent.controller")
 
 WATERMARK_INTERVAL_S = 0.2
 HOST_HELLO_INTERVAL_S = 1.0
-CONTROLLER_SOCKETS = 1 << 16  # a socket (and a monitor) per proc and host it talks to: zmq's 1023 is 500 procs
 
 
 class Runtime(_HostTable, _Links):
     def __init__(self, session: str, epoch: int, core: ControllerCore, links: Any = None, *,
                  outcomes: OutcomePort | None = None, drive: Drive | None = None,
                  interrupt: Callable[[], None] | None = None, bind_host: str = "127.0.0.1",
-                 metrics: Any = None):
+                 metrics: Any = None, transport: Transport | None = None):
         """`outcomes` journals each accepted outcome before the program sees it and says how far
         workers may drop results (controller.recorder); whoever holds `drive` steps `core`
         and reads the inbox (the session's engine shares it); `interrupt()` runs at each poll
         of a wait and may raise into the waiting program (a deferred SIGTERM hand-off).
-        `metrics` (controller.metrics.ControllerMetrics) is told how long each live call took."""
+        `metrics` (controller.metrics.ControllerMetrics) is told how long each live call took.
+        `transport`: sockets made already (a standby's links, controller/_standby.py)."""
         self._interrupt = interrupt or _nothing
         self.metrics = metrics
         self.session = session
@@ -77,15 +75,14 @@ class Runtime(_HostTable, _Links):
         self._want_lock = threading.Lock()
         self._spin_s = spin_budget_s()
         self._wanted = 0  # program threads reading the inbox themselves
-        self.ctx = context(CONTROLLER_SOCKETS)
-        self.creds = load_credentials()
-        self.inbox = Inbox(self.ctx, self.creds, bind_host)
+        made = transport or Transport.make(bind_host, links)
+        self.ctx, self.creds, self.inbox, self.outbox = made.ctx, made.creds, made.inbox, made.outbox
         # links (chaos testing): .connect(addr) routes our connections, .advertise(addr)
         # the address workers reply to; both default to the direct path.
         # A TCP connection that breaks loses what was on the wire (zmq reconnects, it
         # does not retransmit): outstanding calls are sent again under the same call id
         # when a link comes back, and workers dedupe them.
-        self._monitors: list[tuple[zmq.Socket, Peer | None]] = []
+        self._monitors: list[tuple[zmq.Socket, Peer | None]] = made.monitors  # those of links made already
         self._reconnects: dict[int, int] = {}
         # Peers (by routed address) that accepted a connection but have not proven they hold
         # the secret: why, for the error of a request that they leave unanswered.
@@ -94,7 +91,7 @@ class Runtime(_HostTable, _Links):
         self._next_overdue_scan = 0.0
         self.resends = {"link": 0, "overdue": 0, "deferred": 0}  # controller/_links.py
         self.heard: dict[str, float] = {}  # proc id (and relaying agent) -> when it last answered a call
-        self.outbox = Outbox(self.ctx, self.creds, links.connect if links else None, on_new=self._watch)
+        self.outbox.on_new = self._watch
         self.reply_address = links.advertise(self.inbox.address) if links else self.inbox.address
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
         self.procs: dict[str, ProcRef] = {}
@@ -513,8 +510,9 @@ class Runtime(_HostTable, _Links):
         for call, point in pending:
             self.deliver_local(call, point, Outcome("fenced", {"em": reason}, []))
 
-    def fence_procs(self, procs: list[ProcRef], timeout: float = 1.0) -> None:
-        """Raise every proc's epoch to ours; wait (briefly) for each live one to confirm.
+    def fence_procs(self, procs: list[ProcRef], timeout: float = 1.0) -> Callable[[], None]:
+        """Raise every proc's epoch to ours; returns the wait (briefly) for each live one to
+        confirm, which the caller runs before its first new call (a takeover replays meanwhile).
 
         A proc that does not answer in time is not waited for: every message we send it
         carries our epoch anyway, and a deposed primary's calls are ones this program
@@ -535,10 +533,20 @@ class Runtime(_HostTable, _Links):
                 self._requests.pop(n, None)
         self.flush()
         deadline = time.monotonic() + timeout
-        for proc, n, fut in waits:
-            if not fut.wait(max(0.0, deadline - time.monotonic())):
-                log.warning("proc did not confirm the new epoch", proc=proc.id)
-            self._requests.pop(n, None)
+
+        def confirmed() -> None:
+            unconfirmed = 0
+            for proc, n, fut in waits:
+                if not fut.wait(max(0.0, deadline - time.monotonic())):
+                    unconfirmed += 1
+                    log.debug("proc did not confirm the new epoch", proc=proc.id)
+                self._requests.pop(n, None)
+            if unconfirmed:
+                log.warning("procs did not confirm the new epoch in time; our calls carry it",
+                            unconfirmed=unconfirmed, fenced=len(waits))
+            waits.clear()
+
+        return confirmed
 
     def _tick(self) -> None:
         """The timer's event (run by the driver): resends, the release watermark, hellos."""

@@ -237,6 +237,7 @@ class CatchUpEdge(LiveEdge):
         for state in was_supervisor.meshes.values():
             sup.register(state)
         s._wire_edge()
+        self.fenced()
         with live.drive:
             sent = self._send_unanswered(s._engine.core.calls.values())
         live.flush()

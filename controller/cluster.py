@@ -117,8 +117,14 @@ class ClusterHosts:
         """Say hello to the picked hosts and watch them; their addresses. A journaled host that
         is gone (on replay) is taken for lost: its procs are dead to this session."""
         registered = {h.id: h for h in self.registered(cluster)}  # one read of the store for all
-        # Every agent greeted at once; one that does not answer is looked at on its own.
-        greeted = self.runtime.host_requests([(e["addr"], "hello", {}) for e in entries], timeout=3.0, timeouts=True)
+        # Every agent greeted at once; one that does not answer is looked at on its own. One this
+        # leader greeted already (a takeover's fence did, a moment ago) is not asked again.
+        greeted: list[object] = [{} for _ in entries]
+        ask = [k for k, e in enumerate(entries) if e["addr"] not in self.runtime.hosts]
+        replies = self.runtime.host_requests([(entries[k]["addr"], "hello", {}) for k in ask], timeout=3.0,
+                                             timeouts=True)
+        for k, reply in zip(ask, replies, strict=True):
+            greeted[k] = reply
         addresses = [self._attach_one(cluster, entry, registered.get(entry["id"]), replaying, reply)
                      for entry, reply in zip(entries, greeted, strict=True)]
         if self._thread is None:

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from regent.controller._runtime import Runtime
+from regent.controller._standby import StandbyLinks, links_while_standing_by
 from regent.controller.cluster import ClusterHosts, controller_address
 from regent.controller.drive import Drive
 from regent.controller.ephemeral import NoJournal, NoWriter
 from regent.controller.membership import journaled_spare_addresses
 from regent.controller.refs import ProcRef
-from regent.controller.replay import START, SUPERVISION, ReplayIndex
+from regent.controller.replay import START, SUPERVISION, ReplayIndex, placed_hosts
 from regent.controller.supervisor import Supervisor
 from regent.controller.upgrade import (
     HandoverWatch,
@@ -188,13 +189,18 @@ class LiveEdge:
                  campaign_timeout: float | None = None, links: Any = None,
                  orphan_timeout_s: float | None = None, metrics: ControllerMetrics | None = None):
         self._open(name, journal, lease_ttl_s, links, orphan_timeout_s, metrics)
-        lead = self._campaign(campaign_timeout)
         try:
-            previous = ReplayIndex(self.journal.read(name))
+            lead = self._campaign(campaign_timeout)
+            try:
+                previous = ReplayIndex(self.journal.read(name))
+            except BaseException:
+                self.journal.close()  # resigns: a damaged journal must not stay led by a dead Session
+                raise
+            self._led(lead, previous)
         except BaseException:
-            self.journal.close()  # resigns: a damaged journal must not stay led by a dead Session
+            if self._standby_links is not None:
+                self._standby_links.close()
             raise
-        self._led(lead, previous)
 
     def _open(self, name: str, journal: str | None, lease_ttl_s: float | None, links: Any,
               orphan_timeout_s: float | None, metrics: ControllerMetrics | None) -> None:
@@ -217,7 +223,9 @@ class LiveEdge:
         self._links = links
         self._orphan_timeout_s = orphan_timeout_s
         self._gc_frozen = False
+        self._fence_wait: Callable[[], None] | None = None  # a takeover's fence, confirmed before its first live call
         self._handover: HandoverWatch | None = None
+        self._standby_links: StandbyLinks | None = None  # while standing by: links to the journal's workers
 
     def _campaign(self, timeout: float | None) -> Any:
         """Lead the session, waiting behind its leader (a standby) as long as it has one."""
@@ -266,6 +274,8 @@ class LiveEdge:
     def _on_waiting(self) -> None:
         self.waited = True
         log.info(STANDING_BY, session=self.name)
+        if self.journaled and not self.catching_up and links_while_standing_by():
+            self._standby_links = StandbyLinks(self.journal, self.name, self.address, self._links)
         if self.metrics is not None:
             self.metrics.standing_by(self.journal)
         if self.journal_url != "off":  # listed by `regent status` and the dashboard while it waits
@@ -316,9 +326,10 @@ class LiveEdge:
         elif self._announce:  # durable before this program's first live call (controller/upgrade.py)
             announced = announce_program(self.writer, self.holder)  # committing while the runtime starts
         outcomes.use(self.writer)
+        standby, self._standby_links = self._standby_links, None
         self.runtime = Runtime(self.sid, self.epoch, core, self._links, outcomes=outcomes, drive=drive,
-                               interrupt=raise_pending_handoff,
-                               bind_host=self.address, metrics=metrics)
+                               interrupt=raise_pending_handoff, bind_host=self.address, metrics=metrics,
+                               transport=None if standby is None else standby.take())
         self.runtime.orphan_timeout_s = self._orphan_timeout_s
         self.runtime.replayable = self.journaled
         self.supervisor = Supervisor(self.runtime, self._record_supervision, self.sid,
@@ -357,8 +368,12 @@ class LiveEdge:
         return lsn
 
     def live(self, engine: Any = None) -> None:
-        """Replay is over (or the session closes): give back to the cyclic GC what was frozen
-        for it."""
+        """Replay is over (or the session closes): the fence is confirmed before the first live
+        call; give back to the cyclic GC what was frozen for it."""
+        if engine is not None:
+            self.fenced()
+        else:
+            self._fence_wait = None
         if engine is not None and self.metrics is not None and self.replay is not None:
             self.metrics.took_over(time.monotonic() - self.takeover_at)
         if engine is not None:
@@ -386,9 +401,7 @@ class LiveEdge:
     def _fence_known_workers(self) -> None:
         """Before anything else, raise every known worker's epoch to ours (invariant 5)."""
         placements = self.replay.placements
-        hosts = {jc.value for jc in placements if jc.kind == "this_host"}
-        hosts |= {h.get("addr") for jc in placements if jc.kind in ("host_mesh", "grow")
-                  and isinstance(jc.value, dict) for h in jc.value.get("hosts") or [] if isinstance(h, dict)}
+        hosts = {addr for jc in placements for addr in placed_hosts(jc.kind, jc.value)}
         hosts |= set(journaled_spare_addresses(self.replay.supervision))  # where lost hosts' procs moved
         runtime = self.runtime
         known = sorted(h for h in hosts if isinstance(h, str) and runtime.moved_hosts.get(h, h) not in runtime.lost_hosts)
@@ -413,7 +426,16 @@ class LiveEdge:
                 if p.get("alive") and p.get("addr"):
                     ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], host)
                     runtime.procs[ref.id] = ref
-        runtime.fence_procs(list(runtime.procs.values()))
+        # The procs confirm while the program replays (which sends them nothing new); the first
+        # live call waits for them (`fenced`).
+        self._fence_wait = runtime.fence_procs(list(runtime.procs.values()))
+
+    def fenced(self) -> None:
+        """Wait (at most the fence's second) for the procs the takeover fenced to confirm our
+        epoch: once, before this leader's first new call."""
+        wait, self._fence_wait = self._fence_wait, None
+        if wait is not None:
+            wait()
 
     def attach_host(self, host: str) -> str:
         """Say hello to the journal's host agent for this machine; if it is gone, work goes on

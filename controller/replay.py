@@ -186,6 +186,16 @@ class JournaledCall:
         return describe(self.kind, self.actor, self.method, self.digest, self.points)
 
 
+def placed_hosts(kind: str, value: Any) -> list[str]:
+    """The host agents' addresses a placement's value names (`this_host`, `host_mesh`, `grow`)."""
+    if kind == "this_host":
+        return [value] if isinstance(value, str) else []
+    hosts = value.get("hosts") if kind in ("host_mesh", "grow") and isinstance(value, dict) else None
+    if not isinstance(hosts, list):
+        return []
+    return [h["addr"] for h in hosts if isinstance(h, dict) and isinstance(h.get("addr"), str)]
+
+
 class ReplayIndex:
     """The last run of a session, indexed by seq."""
 

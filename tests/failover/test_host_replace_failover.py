@@ -93,6 +93,10 @@ def test_a_mesh_over_hollow_and_real_hosts_goes_through_a_failover_running_every
         assert standby.returncode == 0, c.log_tail()
         result = json.loads(out.strip().splitlines()[-1])
         assert agents["h"].poll() is None and agents["r"].poll() is None
+    # The standby linked to both agents and every proc while it stood by (controller/_standby.py).
+    took = [line for line in (tmp_path / "hollow-failover.ctl1.log").read_text().splitlines()
+            if "took over the standby's links" in line]
+    assert len(took) == 1 and "workers=10" in took[0], took
     assert [step for step, *_ in result["seen"]] == list(range(steps))
     for step, values, total, folded in result["seen"]:
         assert values == [step + 1] * 2 * per_host, (step, values)
