@@ -426,6 +426,10 @@ class LiveEdge:
                 if p.get("alive") and p.get("addr"):
                     ref = ProcRef(p["id"], p["idx"], p["addr"], p["pid"], host)
                     runtime.procs[ref.id] = ref
+        with runtime.drive:  # links the standby made to workers that are gone (controller/_standby.py)
+            let_go = runtime.let_go(set(known) | {p.address for p in runtime.procs.values()})
+        if let_go:
+            log.info("closed the standby's links to workers that are gone", session=self.name, links=let_go)
         # The procs confirm while the program replays (which sends them nothing new); the first
         # live call waits for them (`fenced`).
         self._fence_wait = runtime.fence_procs(list(runtime.procs.values()))

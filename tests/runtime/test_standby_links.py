@@ -130,3 +130,34 @@ def test_links_open_a_bounded_number_a_poll_and_a_bad_address_does_not_hold_the_
     finally:
         host.close()
         proc.close()
+
+
+def test_the_runtime_that_leads_sends_over_the_standbys_links_and_lets_go_of_the_gone(store) -> None:
+    from regent.controller._runtime import Runtime
+    from regent.controller.core import ControllerCore
+
+    journal, lead = store
+    live, gone = RawPeer(), RawPeer()
+    runtime = None
+    try:
+        lead.append([("start", {"run": "r1", "ts": 0.0}),
+                     ("procs", {"s": 0, "procs": [{"id": "p0", "idx": 0, "addr": live.address, "pid": 1},
+                                                  {"id": "p1", "idx": 1, "addr": gone.address, "pid": 1}]})])
+        links = StandbyLinks(open_journal(journal.url), SESSION, "127.0.0.1")
+        pinged(live)
+        pinged(gone)
+        taken = links.take()
+        links.journal.close()
+        runtime = Runtime("s-standby", 2, ControllerCore("s-standby"), transport=taken)
+        assert runtime.reply_address == links.reply_address  # the address the workers linked back to
+        with runtime.drive:
+            assert runtime.let_go({live.address}) == 1
+        assert runtime.outbox.addresses() == [live.address]
+        assert [peer.address for _, peer in runtime._monitors if peer is not None] == [live.address]
+        runtime.outbox.peer(live.address).send(wire.encode(Kind.PING, {"rt": runtime.reply_address, "n": 5}))
+        assert pinged(live)["n"] == 5  # over the link the standby made: the same socket
+    finally:
+        if runtime is not None:
+            runtime.close()
+        live.close()
+        gone.close()
