@@ -308,6 +308,8 @@ class CatchUpEdge(LiveEdge):
         self.catching_up = False
         if self._presence is not None:  # the hand-over it asked for is off (controller/upgrade.py)
             self._presence.stop(wait_s=2.0)
+        if self._standby_links is not None:
+            self._standby_links.close()
         if self._won_lead is not None:
             self._won_lead.resign()
             self._won_lead.close()

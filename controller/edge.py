@@ -274,7 +274,7 @@ class LiveEdge:
     def _on_waiting(self) -> None:
         self.waited = True
         log.info(STANDING_BY, session=self.name)
-        if self.journaled and not self.catching_up and links_while_standing_by():
+        if self.journaled and links_while_standing_by():
             self._standby_links = StandbyLinks(self.journal, self.name, self.address, self._links)
         if self.metrics is not None:
             self.metrics.standing_by(self.journal)

@@ -72,6 +72,7 @@ def test_mixed_calls_are_caught_up_with_a_running_primary_and_each_runs_once(tmp
     assert up.returncode == 0, err[-3000:]
     assert primary.returncode == 0 and not primary_out.strip(), "the primary handed over, its run unfinished"
     assert CAUGHT_UP in err and LEADING in err and "handed over by the primary of epoch" in err, err[-3000:]
+    assert "took over the standby's links" in err, err[-3000:]  # linked to the workers while it caught up
     result = json.loads(out.strip().splitlines()[-1])
     assert result["role"] == "standby-took-over"
     check_exactly_once(result, 40)
