@@ -34,7 +34,7 @@ log = structlog.get_logger("regent.session")
 STANDBY_LINKS_ENV = "REGENT_STANDBY_LINKS"  # "0": a standby opens its links only once it leads
 POLL_S = 0.5  # how often a standing-by controller reads the journal's tail for new workers
 LINKS_PER_POLL = 256  # new links a poll opens, at most
-JOIN_S = 2.0  # the most a takeover waits for the reader to let go of the sockets
+JOIN_S = 1.0  # the most a takeover waits for the reader to let go of the sockets
 CONTROLLER_SOCKETS = 1 << 16  # a socket (and a monitor) per proc and host it talks to: zmq's 1023 is 500 procs
 
 
@@ -95,12 +95,7 @@ class StandbyLinks:
     def take(self) -> Transport | None:
         """Stop reading; the sockets, for the Runtime of the controller that now leads (None if
         the reader would not let go in time: it closes them itself)."""
-        self._stop.set()
-        self._thread.join(JOIN_S)
-        with self._lock:
-            if not self._done:
-                self._abandoned = True
-        if self._abandoned:
+        if not self._stopped():
             log.warning("the standby's journal reader did not stop in time; the takeover opens its own links",
                         session=self.name)
             return None
@@ -110,8 +105,17 @@ class StandbyLinks:
 
     def close(self) -> None:
         """Never led: stop and close everything."""
-        if self.take() is not None:
+        if self._stopped():
             self.transport.close()
+
+    def _stopped(self) -> bool:
+        """Stop the reader: whether it let go of the sockets (else it closes them as it ends)."""
+        self._stop.set()
+        self._thread.join(JOIN_S)
+        with self._lock:
+            if not self._done:
+                self._abandoned = True
+            return not self._abandoned
 
     def _run(self) -> None:
         try:

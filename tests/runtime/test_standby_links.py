@@ -161,3 +161,33 @@ def test_the_runtime_that_leads_sends_over_the_standbys_links_and_lets_go_of_the
             runtime.close()
         live.close()
         gone.close()
+
+
+def test_a_reader_stuck_in_the_store_does_not_hold_the_takeover_and_closes_its_links_itself(own_home) -> None:
+    import threading
+
+    from regent.controller import _standby
+
+    own_home()
+
+    class StuckJournal:
+        def __init__(self) -> None:
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def read(self, name: str, start: int):
+            self.entered.set()
+            self.release.wait(30)
+            return iter(())
+
+    journal = StuckJournal()
+    links = StandbyLinks(journal, SESSION, "127.0.0.1")
+    assert journal.entered.wait(10)
+    started = time.monotonic()
+    assert links.take() is None  # the takeover opens its own links
+    assert time.monotonic() - started < _standby.JOIN_S + 1.0
+    assert not links.transport.ctx.closed
+    journal.release.set()
+    deadline = time.monotonic() + 10
+    while not links.transport.ctx.closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert links.transport.ctx.closed
