@@ -2,7 +2,8 @@
 
 The program's thread queues calls on per-peer PUSH sockets (no hand-off on the call
 path) and sends each peer's queue as one batch when the program blocks, a batch
-fills, or (from the IO thread) it has waited BATCH_MAX_AGE_S. The inbox is read, and
+fills, or it has waited BUSY_BATCH_AGE_S while the program issues calls (BATCH_MAX_AGE_S,
+from the IO thread, once the program leaves it). The inbox is read, and
 replies become core events, only by the thread holding the session's drive
 (controller/drive.py): the program's thread while it waits for a result, the IO thread
 while it does not. Nothing here decides what a call means; the engine does.
@@ -38,6 +39,7 @@ from regent.wire.protocol import MAX_BUFFERS
 from regent.wire.security import stop_authenticator
 from regent.wire.transport import (
     BATCH_MAX_AGE_S,
+    BUSY_BATCH_AGE_S,
     Peer,
     PeerGone,
     peer_of,
@@ -233,6 +235,7 @@ class Runtime(_HostTable, _Links):
         next_tick = time.monotonic()
         dirty = self.outbox.dirty
         drive = self.drive
+        issued = self._issued
         while not self._stop.is_set():
             try:
                 if self._wanted or drive.wanted:
@@ -246,7 +249,10 @@ class Runtime(_HostTable, _Links):
                             drive.release()
                 now = time.monotonic()
                 if dirty:
-                    self.outbox.flush(block=False, older_than=now - BATCH_MAX_AGE_S)
+                    # Batches the program left (it issued nothing since the last pass) go after
+                    # BATCH_MAX_AGE_S; while it issues, they gather up to BUSY_BATCH_AGE_S.
+                    busy, issued = self._issued != issued, self._issued
+                    self.outbox.flush(block=False, older_than=now - (BUSY_BATCH_AGE_S if busy else BATCH_MAX_AGE_S))
                 if now >= next_tick:
                     next_tick = now + WATERMARK_INTERVAL_S
                     drive.post(self._tick)

@@ -27,7 +27,7 @@ from regent.controller.replay import CALL, PROCS, START, SUPERVISION, placed_hos
 from regent.wire import Kind
 from regent.wire.schema import valid_address
 from regent.wire.security import Credentials, load_credentials, stop_authenticator
-from regent.wire.transport import Inbox, Outbox, Peer, context
+from regent.wire.transport import BUSY_BATCH_AGE_S, Inbox, Outbox, Peer, context
 
 log = structlog.get_logger("regent.session")
 
@@ -58,7 +58,10 @@ class Transport:
         """`links` (chaos testing) routes our connections (`.connect`); None: the direct path."""
         ctx = context(CONTROLLER_SOCKETS)
         creds = load_credentials()
-        t = Transport(ctx, creds, Inbox(ctx, creds, bind_host), Outbox(ctx, creds, links.connect if links else None))
+        # Batches may gather for BUSY_BATCH_AGE_S while the program issues; the IO thread sends
+        # those it leaves after BATCH_MAX_AGE_S (controller/_runtime.py).
+        outbox = Outbox(ctx, creds, links.connect if links else None, batch_age_s=BUSY_BATCH_AGE_S)
+        t = Transport(ctx, creds, Inbox(ctx, creds, bind_host), outbox)
         t.outbox.on_new = lambda peer: t.monitors.append(link_monitor(peer))
         return t
 

@@ -206,6 +206,10 @@ class PeerGone(Exception):
 # its batch; an owner that queues must also flush before it blocks, and flush peers whose
 # batch is older than this from a thread of its own (nothing may wait for a later call).
 BATCH_MAX_AGE_S = 0.001
+# A controller issuing call after call (broadcasts back to back, say) lets each peer's batch
+# gather this long instead: at 64 procs a broadcast takes about a batch window to queue, so
+# at 1 ms every peer got one message a batch (bench/README.md, "Batches while a program issues").
+BUSY_BATCH_AGE_S = 0.004
 
 
 class Peer:
@@ -217,8 +221,9 @@ class Peer:
 
     def __init__(self, ctx: zmq.Context, creds: Credentials, address: str,
                  before_connect: Callable[[Peer], None] | None = None,
-                 dirty: set[Peer] | None = None):
+                 dirty: set[Peer] | None = None, batch_age_s: float = BATCH_MAX_AGE_S):
         self.address = address
+        self.batch_age_s = batch_age_s  # the oldest a batch gets before `queue` sends it
         self._queued: list[list] = []
         self._queued_bytes = 0
         self.queued_since = 0.0
@@ -304,7 +309,7 @@ class Peer:
 
     def queue(self, msg: list, alive: Callable[[], bool] | None = None) -> None:
         """Add a message to the next batch. The batch goes out when it is full or older
-        than BATCH_MAX_AGE_S (checked here), or on `flush`; PeerGone if alive() turns
+        than `batch_age_s` (checked here), or on `flush`; PeerGone if alive() turns
         false while a full peer makes this wait; MessageTooLarge as `send`."""
         size = protocol.message_bytes(msg)
         if size + len(msg[0]) > self.max_message:
@@ -327,7 +332,7 @@ class Peer:
             self._alive = alive
             if (len(self._queued) >= protocol.BATCH_MESSAGES
                     or self._queued_bytes >= self._batch_bytes
-                    or now - self.queued_since >= BATCH_MAX_AGE_S):
+                    or now - self.queued_since >= self.batch_age_s):
                 self._flush_locked(True)
 
     def flush(self, block: bool = True) -> bool:
@@ -404,8 +409,10 @@ class Outbox:
     is closed (what its socket still held for a peer gone that long is dropped)."""
 
     def __init__(self, ctx: zmq.Context, creds: Credentials, route: Callable[[str], str] | None = None,
-                 on_new: Callable[[Peer], None] | None = None, max_peers: int | None = None):
+                 on_new: Callable[[Peer], None] | None = None, max_peers: int | None = None,
+                 batch_age_s: float = BATCH_MAX_AGE_S):
         self.ctx = ctx
+        self.batch_age_s = batch_age_s
         self.creds = creds
         self.route = route
         self.on_new = on_new
@@ -424,7 +431,7 @@ class Outbox:
                         self._evict_locked()
                     target = self.route(address) if self.route else address
                     p = self._peers[address] = Peer(self.ctx, self.creds, target, self.on_new,
-                                                              self.dirty)
+                                                    self.dirty, self.batch_age_s)
         elif self.max_peers is not None:
             with self._lock:
                 if self._peers.get(address) is p:

@@ -249,3 +249,33 @@ def test_point_messages_decode_as_the_shared_metadata_plus_each_point():
     for rank in (0, 5, 127, 128, 70_000):
         kind, meta, payload = wire.decode(points.encode(rank))
         assert (kind, meta, [bytes(f) for f in payload]) == (Kind.CALL, {**base, "pt": rank}, [b"payload"])
+
+
+@pytest.mark.parametrize("batch_age_s, sent_at_once", [(0.001, True), (0.5, False)])
+def test_a_peer_sends_its_batch_once_older_than_its_batch_age(own_home, batch_age_s: float,
+                                                              sent_at_once: bool) -> None:
+    """A controller's peers gather for BUSY_BATCH_AGE_S while its program issues (the IO thread
+    sends what the program leaves after BATCH_MAX_AGE_S); a queue past the peer's age sends."""
+    import zmq
+
+    from regent.wire.transport import Peer
+
+    own_home()
+    receiver = RawPeer()
+    ctx = zmq.Context()
+    try:
+        peer = Peer(ctx, load_credentials(), receiver.address, batch_age_s=batch_age_s)
+        peer.queue(wire.encode(Kind.PING, {"n": 1}))
+        time.sleep(0.02)
+        peer.queue(wire.encode(Kind.PING, {"n": 2}))  # the batch is 20 ms old now
+        if sent_at_once:
+            assert [receiver.recv(timeout=5)[1]["n"] for _ in range(2)] == [1, 2]
+        else:
+            with pytest.raises(TimeoutError):
+                receiver.recv(timeout=0.2)
+            assert peer.flush()
+            assert [receiver.recv(timeout=5)[1]["n"] for _ in range(2)] == [1, 2]
+        peer.close()
+    finally:
+        ctx.destroy(linger=0)
+        receiver.close()
