@@ -7,7 +7,8 @@ standby leads, its Runtime takes these sockets over (`take`) and the fence, gree
 calls go over links that are up.
 
 Best effort, and it decides nothing: PINGs carry no epoch, a worker it did not reach is
-connected on demand as before, and one that is gone costs a peer that never connects.
+connected on demand as before, and the takeover closes the links to workers its agents no
+longer list (`Runtime.let_go`).
 """
 
 from __future__ import annotations
