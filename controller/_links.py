@@ -63,24 +63,13 @@ class _Links:
     heard: dict[str, float]  # proc id (and relaying agent) -> when it last answered a call
     core: Any
     outbox: Any
-
-    def _watch(self, peer: Peer) -> None:
-        self._monitors.append(link_monitor(peer))
+    transport: Any  # controller/_standby.Transport: the sockets, and every peer's monitor in `_monitors`
 
     def let_go(self, keep: set[str]) -> int:
         """Close every link but those to `keep` (addresses): a standby's links to workers the
         journal named that the takeover found gone. How many closed. Caller holds the drive."""
         gone = [a for a in self.outbox.addresses() if a not in keep]
-        peers = {id(self.outbox.peer(a)) for a in gone}
-        kept = []
-        for mon, peer in self._monitors:
-            if peer is not None and id(peer) in peers:
-                mon.close(linger=0)
-            else:
-                kept.append((mon, peer))
-        self._monitors[:] = kept
-        for a in gone:
-            self.outbox.drop(a)
+        self.transport.drop(gone)
         return len(gone)
 
     def _check_links(self) -> None:

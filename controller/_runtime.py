@@ -36,7 +36,6 @@ from regent.controller.recorder import OutcomePort
 from regent.controller.refs import ProcRef
 from regent.wire import Kind, ProtocolError, bulk, schema
 from regent.wire.protocol import MAX_BUFFERS
-from regent.wire.security import stop_authenticator
 from regent.wire.transport import (
     BATCH_MAX_AGE_S,
     BUSY_BATCH_AGE_S,
@@ -77,14 +76,14 @@ class Runtime(_HostTable, _Links):
         self._want_lock = threading.Lock()
         self._spin_s = spin_budget_s()
         self._wanted = 0  # program threads reading the inbox themselves
-        made = transport or Transport.make(bind_host, links)
+        # links (chaos testing): see Transport.make. A TCP connection that breaks loses what was
+        # on the wire (zmq reconnects, it does not retransmit): outstanding calls are sent again
+        # under the same call id when a link comes back, and workers dedupe them.
+        self.transport = made = transport or Transport.make(bind_host, links)
         self.ctx, self.creds, self.inbox, self.outbox = made.ctx, made.creds, made.inbox, made.outbox
-        # links (chaos testing): .connect(addr) routes our connections, .advertise(addr)
-        # the address workers reply to; both default to the direct path.
-        # A TCP connection that breaks loses what was on the wire (zmq reconnects, it
-        # does not retransmit): outstanding calls are sent again under the same call id
-        # when a link comes back, and workers dedupe them.
-        self._monitors: list[tuple[zmq.Socket, Peer | None]] = made.monitors  # those of links made already
+        self.reply_address = made.reply_address
+        # Every peer's link monitor, made with the peer (Transport.make), and the inbox's.
+        self._monitors: list[tuple[zmq.Socket, Peer | None]] = made.monitors
         self._reconnects: dict[int, int] = {}
         # Peers (by routed address) that accepted a connection but have not proven they hold
         # the secret: why, for the error of a request that they leave unanswered.
@@ -93,8 +92,6 @@ class Runtime(_HostTable, _Links):
         self._next_overdue_scan = 0.0
         self.resends = {"link": 0, "overdue": 0, "deferred": 0}  # controller/_links.py
         self.heard: dict[str, float] = {}  # proc id (and relaying agent) -> when it last answered a call
-        self.outbox.on_new = self._watch
-        self.reply_address = links.advertise(self.inbox.address) if links else self.inbox.address
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
         self.procs: dict[str, ProcRef] = {}
         self.hosts: dict[str, str] = {}  # host address -> last hello
@@ -583,10 +580,7 @@ class Runtime(_HostTable, _Links):
         self._io.join(timeout=2.0)
         with self.drive:  # a waiter on another thread lets go of the socket first
             pass
-        self.outbox.close()
-        self.inbox.close()
-        stop_authenticator(self.ctx)
-        self.ctx.destroy(linger=0)
+        self.transport.close()
 
 
 def _nothing() -> None:

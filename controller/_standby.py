@@ -52,19 +52,37 @@ class Transport:
     creds: Credentials
     inbox: Inbox
     outbox: Outbox
-    monitors: list[tuple[zmq.Socket, Peer | None]] = field(default_factory=list)
+    reply_address: str  # where workers reach the inbox
+    monitors: list[tuple[zmq.Socket, Peer | None]] = field(default_factory=list)  # every peer's link monitor
 
     @staticmethod
     def make(bind_host: str, links: Any) -> Transport:
-        """`links` (chaos testing) routes our connections (`.connect`); None: the direct path."""
+        """`links` (chaos testing): `.connect(addr)` routes our connections, `.advertise(addr)` the
+        address workers reply to; None: the direct path."""
         ctx = context(CONTROLLER_SOCKETS)
         creds = load_credentials()
         # Batches may gather for BUSY_BATCH_AGE_S while the program issues; the IO thread sends
         # those it leaves after BATCH_MAX_AGE_S (controller/_runtime.py).
         outbox = Outbox(ctx, creds, links.connect if links else None, batch_age_s=BUSY_BATCH_AGE_S)
-        t = Transport(ctx, creds, Inbox(ctx, creds, bind_host), outbox)
+        inbox = Inbox(ctx, creds, bind_host)
+        t = Transport(ctx, creds, inbox, outbox, links.advertise(inbox.address) if links else inbox.address)
         t.outbox.on_new = lambda peer: t.monitors.append(link_monitor(peer))
         return t
+
+    def drop(self, addresses: list[str]) -> None:
+        """Close the links to `addresses` (those it holds), their monitors with them."""
+        held = set(self.outbox.addresses())
+        gone = [a for a in addresses if a in held]
+        peers = {id(self.outbox.peer(a)) for a in gone}
+        kept = []
+        for mon, peer in self.monitors:
+            if peer is not None and id(peer) in peers:
+                mon.close(linger=0)
+            else:
+                kept.append((mon, peer))
+        self.monitors[:] = kept
+        for a in gone:
+            self.outbox.drop(a)
 
     def close(self) -> None:
         for mon, _ in self.monitors:
@@ -81,7 +99,7 @@ class StandbyLinks:
     def __init__(self, journal: Any, name: str, bind_host: str, links: Any = None):
         self.journal, self.name = journal, name
         self.transport = Transport.make(bind_host, links)
-        self.reply_address = links.advertise(self.transport.inbox.address) if links else self.transport.inbox.address
+        self.reply_address = self.transport.reply_address
         self._ping = wire.encode(Kind.PING, {"rt": self.reply_address, "n": 0})
         # Relayed (REGENT_RELAY=1), procs are reached through their host's agent both ways.
         self._procs_too = os.environ.get("REGENT_RELAY", "0") != "1"
@@ -182,13 +200,7 @@ class StandbyLinks:
 
     def _drop(self, addr: str) -> None:
         self._warmed.discard(addr)
-        t = self.transport
-        for k, (mon, peer) in enumerate(t.monitors):
-            if peer is not None and peer.address == t.outbox.route_of(addr):
-                mon.close(linger=0)
-                del t.monitors[k]
-                break
-        t.outbox.drop(addr)
+        self.transport.drop([addr])
 
     def _drain(self) -> None:
         """The pongs: nothing to do with them (the workers' links back are what was wanted)."""
