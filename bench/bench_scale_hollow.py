@@ -66,22 +66,29 @@ HOST_TTL_S = 30.0
 
 
 class Hosts:
-    """Cluster agents on loopback: `hollow` K > 0 makes hollow ones."""
+    """Cluster agents on loopback: `hollow` K > 0 makes hollow ones, started FLEET at a time
+    by one `regent host --fleet` (each agent its own process, forked after the imports); real
+    ones one process each, as on real machines."""
+
+    FLEET = 32
 
     def __init__(self, work: Path, url: str, cluster: str, hollow: int) -> None:
         self.work, self.url, self.cluster, self.hollow = work, url, cluster, hollow
-        self.agents: list[subprocess.Popen] = []
+        self.agents: list[subprocess.Popen] = []  # a fleet's command (hollow) or an agent (real)
+        self.count = 0
 
     def grow(self, count: int, timeout_s: float = 600.0) -> float:
         """Start agents until `count` are registered; the seconds it took."""
         t0 = time.perf_counter()
-        while len(self.agents) < count:
+        while self.count < count:
+            more = min(self.FLEET, count - self.count) if self.hollow else 1
             name = f"{'h' if self.hollow else 'r'}{len(self.agents):04d}"
+            extra = ["--hollow", str(self.hollow), *(["--fleet", str(more)] if more > 1 else [])] if self.hollow else []
             self.agents.append(subprocess.Popen(
-                ["nice", "-n", str(HOSTS_NICE), sys.executable, "-m", "regent.cli", "host", "--cluster", self.cluster, "--store", self.url,
-                 "--advertise", "127.0.0.1", "--name", name, "--ttl", str(HOST_TTL_S),
-                 *(["--hollow", str(self.hollow)] if self.hollow else [])],
+                ["nice", "-n", str(HOSTS_NICE), sys.executable, "-m", "regent.cli", "host", "--cluster", self.cluster,
+                 "--store", self.url, "--advertise", "127.0.0.1", "--name", name, "--ttl", str(HOST_TTL_S), *extra],
                 stdout=open(self.work / f"agent-{name}.log", "w"), stderr=subprocess.STDOUT))
+            self.count += more
         j = open_journal(self.url)
         try:
             deadline = time.monotonic() + timeout_s
@@ -93,23 +100,27 @@ class Hosts:
             j.close()
         return time.perf_counter() - t0
 
-    def rss_mib(self) -> float:
-        """Resident memory of every agent and every proc it started."""
-        total = 0
+    def memory_mib(self) -> dict[str, float]:
+        """Every agent's and proc's memory: RSS summed (pages shared between them counted once
+        per process) and PSS summed (each shared page split among its sharers: what they hold)."""
+        rss = pss = 0
         for a in self.agents:
             try:
-                p = psutil.Process(a.pid)
-                total += p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+                procs = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
             except psutil.Error:
-                pass
-        return total / 2**20
+                continue
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    m = p.memory_full_info()
+                    rss, pss = rss + m.rss, pss + m.pss
+        return {"hosts_rss_mib": round(rss / 2**20, 1), "hosts_pss_mib": round(pss / 2**20, 1)}
 
     def close(self) -> None:
         for a in self.agents:
             a.terminate()
         for a in self.agents:
             try:
-                a.wait(30)
+                a.wait(60)
             except subprocess.TimeoutExpired:
                 a.kill()
 
@@ -179,7 +190,7 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
                 "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
                 "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
                 "journal_bytes_per_call_all": round(per_call), "accumulate": folds,
-                "hosts_rss_mib": round(hosts.rss_mib(), 1),
+                **hosts.memory_mib(),
                 "resends": dict(s.runtime.resends)}  # calls sent again, by reason (controller/_links.py)
 
 

@@ -59,6 +59,10 @@ def _cluster_parser() -> argparse.ArgumentParser:
     p.add_argument("--hollow", type=int, default=0, metavar="K",
                    help="serve spawns with at most K hollow procs inside this agent (real proc logic, no "
                         "process, torch or GPU of their own): to measure a controller at scale")
+    p.add_argument("--fleet", type=int, default=0, metavar="M",
+                   help="with --hollow: start M hollow agents named NAME-0 .. NAME-(M-1), each its own "
+                        "process forked from this one (sharing its imported code); stopping this "
+                        "command stops them all")
     p.add_argument("--metrics", default=None, metavar="ADDR",
                    help="serve Prometheus /metrics at PORT (loopback) or HOST:PORT (default: off)")
     p.add_argument("--daemonize", action="store_true", help="fork into the background and return at once")
@@ -93,6 +97,8 @@ def cluster_agent(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     name = a.name or check_name(socket.gethostname().split(".")[0], "hostname (pass --name)")
+    if a.fleet:
+        return _start_fleet(a, argv, name)
     if a.advertise == AUTO:
         a.advertise = _address_toward_store(a.store)
         if a.advertise is None:
@@ -155,6 +161,28 @@ def cluster_agent(argv: list[str]) -> int:
         print(f"regent host: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _start_fleet(a: argparse.Namespace, argv: list[str], name: str) -> int:
+    from regent.cli._fleet import MAX_FLEET, fleet_names, run_fleet
+
+    if not a.hollow:
+        print(f"regent host: --fleet {a.fleet} starts hollow agents: give --hollow K too (a real host "
+              "runs one agent)", file=sys.stderr)
+        return 2
+    if not 1 <= a.fleet <= MAX_FLEET:
+        print(f"regent host: --fleet {a.fleet} must lie between 1 and {MAX_FLEET}", file=sys.stderr)
+        return 2
+    if a.daemonize or a.metrics is not None or a.port:
+        print("regent host: --fleet runs in the foreground, each agent on a free port and without "
+              "/metrics: drop --daemonize, --port and --metrics", file=sys.stderr)
+        return 2
+    try:
+        check_name(fleet_names(name, a.fleet)[-1], "the fleet's last host name (give a shorter --name)")
+    except ValueError as e:
+        print(f"regent host: {e}", file=sys.stderr)
+        return 2
+    return run_fleet(argv, name, a.fleet, cluster_agent)
 
 
 def _address_toward_store(store: str) -> str | None:

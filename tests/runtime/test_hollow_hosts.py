@@ -197,3 +197,55 @@ def test_a_mesh_wide_call_reaches_1024_hollow_procs(own_home, tmp_path: Path, ro
             a.terminate()
         for a in agents:
             a.wait(30)
+
+
+def test_a_fleet_is_many_hollow_hosts_each_its_own_process(own_home, tmp_path: Path) -> None:
+    """`--fleet 3`: three agents forked from one command, each a host of its own (name,
+    process, procs); one SIGKILLed is that host's loss alone; stopping the command stops and
+    withdraws the rest."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "regent.cli", "host", "--cluster", "hollow", "--store", url, "--advertise",
+         "127.0.0.1", "--name", "f", "--ttl", str(TTL_S), "--hollow", "2", "--fleet", "3"],
+        stdout=open(tmp_path / "fleet.log", "w"), stderr=subprocess.STDOUT)
+    j = open_journal(url)
+    try:
+        deadline = time.monotonic() + 30
+        while len(hosts := registered_hosts(j.backend, "hollow")) < 3:
+            assert time.monotonic() < deadline, "the fleet's agents did not register"
+            time.sleep(0.05)
+        assert sorted(h.id for h in hosts) == ["f-0", "f-1", "f-2"]
+        pid_of = {h.id: h.pid for h in hosts}
+        assert len(set(pid_of.values())) == 3 and fleet.pid not in pid_of.values()
+        with Session("hollow-fleet", journal=url) as s:
+            e = s.host_mesh(hosts=3, cluster="hollow").spawn_procs(per_host={"procs": 2}).spawn("e", Echo)
+            pids = e.pid.call().get(timeout=30).values()  # by point: host 0's two procs first
+            assert sorted(set(pids)) == sorted(pid_of.values())
+            assert pids[0] == pids[1] and pids[2] == pids[3] and pids[4] == pids[5]
+            victim = pids[2]  # the host at point hosts=1
+            os.kill(victim, signal.SIGKILL)
+            with pytest.raises(SupervisionError, match="lost|unreachable"):
+                for _ in range(20):
+                    e.slice(hosts=1).incr.call().get(timeout=10)
+                    time.sleep(0.1)
+            assert e.slice(hosts=0).incr.call().get().values() == [1, 1]
+            assert e.slice(hosts=2).incr.call().get().values() == [1, 1]
+            assert fleet.poll() is None
+        fleet.terminate()
+        assert fleet.wait(30) == 1  # one of its agents ended badly: the SIGKILLed one
+        assert registered_hosts(j.backend, "hollow") == []
+    finally:
+        if fleet.poll() is None:
+            fleet.kill()
+        j.close()
+
+
+def test_a_fleet_needs_hollow_agents_and_names_that_fit(own_home, tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'journal.db'}"
+    base = [sys.executable, "-m", "regent.cli", "host", "--cluster", "c", "--store", url, "--advertise", "127.0.0.1"]
+    r = subprocess.run([*base, "--fleet", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "give --hollow K too" in r.stderr
+    r = subprocess.run([*base, "--hollow", "1", "--fleet", "2", "--name", "n" * 99], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "shorter --name" in r.stderr
