@@ -53,6 +53,11 @@ SWEEP_EVERY_S = 5.0
 PROC_START_TIMEOUT_S = 60.0
 SOCKETS_PER_HOLLOW_PROC = 16  # its inbox and the peers it answers, in the agent's zmq context
 STOP_GRACE_S = 3.0
+# How long the serve loop sleeps with nothing to read: short while a spawn is under way (its
+# timeouts, procs adopting, requests held for a zygote), long when only housekeeping is due
+# (orphans, the /dev/shm sweep), so an idle agent wakes once a second, not five times.
+BUSY_TICK_MS = 200
+IDLE_TICK_MS = 1000
 STOPPED_SESSIONS_KEPT = 4096
 
 
@@ -116,16 +121,34 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
     # --- main loop ---------------------------------------------------------------
 
     def serve(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # SIGTERM ends the loop's wait at once
+
+        def stop(*_: object) -> None:
+            self.running = False
+            try:
+                os.write(wake_w, b"x")
+            except OSError:  # the pipe is full: a wake is already pending
+                pass
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            self._serve(wake_r)
+        finally:
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _serve(self, wake: int) -> None:
         while self.running:
             poller = zmq.Poller()
             poller.register(self.inbox.sock, zmq.POLLIN)
+            poller.register(wake, zmq.POLLIN)
             for fd in self.by_pidfd:
                 poller.register(fd, zmq.POLLIN)
             zygotes = self._zygote_fds()
             for fd in zygotes:
                 poller.register(fd, zmq.POLLIN)
-            for sock_or_fd, _ in poller.poll(2 if self.relay.backlogged else 200):
+            tick = 2 if self.relay.backlogged else BUSY_TICK_MS if self._spawning() else IDLE_TICK_MS
+            for sock_or_fd, _ in poller.poll(tick):
                 if sock_or_fd is self.inbox.sock:
                     self._drain_inbox()
                 elif sock_or_fd in self.by_pidfd:  # not stopped meanwhile by a request
@@ -146,6 +169,12 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
                 log.info("host agent idle, exiting", idle_s=self.idle_exit_s)
                 break
         self.shutdown()
+
+    def _spawning(self) -> bool:
+        """Whether a spawn is under way: requests held for a zygote or for procs to adopt this
+        agent, or procs asked for and not yet all answered for."""
+        return bool(self.held or self.deferred) or self._adopting() or any(
+            req.answered is None for state in self.sessions.values() for req in state.requests())
 
     def _idle(self) -> bool:
         if any(s.procs for s in self.sessions.values()):
