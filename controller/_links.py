@@ -25,7 +25,10 @@ RESEND_MAX_S = 60.0
 # An overdue call to a proc that has answered anything since it was sent (or whose host's agent
 # relayed any answer since: it keeps each proc's order) is queued or running there, not lost (a
 # reconnect, which can lose messages, resends on its own): it is sent again only once this old. Resending it sooner only doubles the work of a proc and a controller that
-# are behind already (thousands of broadcasts queued behind each other, say).
+# are behind already (thousands of broadcasts queued behind each other, say). A proc that
+# answered nothing since is sent its oldest overdue call alone in each pass (calls to a proc are
+# run in order): if that one is answered, the proc was behind and the rest wait as above; had
+# its messages been lost, the oldest was among them.
 PROGRESS_PATIENCE_S = 20.0
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
@@ -120,8 +123,9 @@ class _Links:
                     w.sent_at, w.wait = now, min(w.wait * 2, RESEND_MAX_S)
         if not peers and not everything and not overdue:
             return
-        pending = [(c, r) for c in self.core.calls.values() if c.wire is not None
-                   for r in c.targets if r not in c.results]
+        calls = self.core.calls.values() if peers or everything else (self.core.calls[q] for q in overdue)
+        pending = [(c, r) for c in calls if c.wire is not None for r in c.targets if r not in c.results]
+        probed: set[str] = set()  # silent procs sent their oldest overdue call again in this pass
         for call, rank in pending:
             proc = call.wire.procs[rank]
             if not proc.alive:
@@ -130,9 +134,15 @@ class _Links:
                 reason = "link"
             elif call.seq in overdue:
                 heard = max(self.heard.get(proc.id, 0.0), self.heard.get(self._relay_host(proc) or "", 0.0))
-                if heard > overdue[call.seq] and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
-                    self.resends["deferred"] += 1  # it answers: this one is queued or running there
+                if heard > overdue[call.seq]:
+                    if now - call.wire.issued_at < PROGRESS_PATIENCE_S:
+                        self.resends["deferred"] += 1  # it answers: this one is queued or running there
+                        continue
+                elif proc.id in probed:
+                    self.resends["deferred"] += 1  # silent: its oldest call went again; its answer says which
                     continue
+                else:
+                    probed.add(proc.id)
                 reason = "overdue"
             else:
                 continue

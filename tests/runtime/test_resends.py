@@ -74,6 +74,28 @@ def test_an_overdue_call_to_a_proc_that_answers_nothing_is_sent_again_and_runs_o
         assert slow.count.call_one().get(timeout=30) == 1
 
 
+def test_a_silent_proc_is_sent_its_oldest_overdue_call_alone_and_every_call_runs_once(own_home, monkeypatch):
+    """Ten calls to a stopped proc: each pass sends the oldest again, not all ten (a proc that
+    is behind would run through every copy); once it goes on, each call has run once."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", RESEND_S)
+    with Session("resend-probe", journal="off") as s:
+        slow = s.spawn_procs(per_host={"procs": 1}).spawn("slow", Slow)
+        pid = slow.pid.call_one().get(timeout=30)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            futs = [slow.work.call_one(0.0) for _ in range(10)]
+            deadline = time.monotonic() + 20
+            while s.runtime.resends["overdue"] < 2:  # two passes
+                assert time.monotonic() < deadline, s.runtime.resends
+                time.sleep(0.05)
+            resends = dict(s.runtime.resends)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert resends["deferred"] >= 9 * resends["overdue"], resends
+        assert sorted(f.get(timeout=30) for f in futs) == list(range(1, 11))
+        assert slow.count.call_one().get(timeout=30) == 10
+
 
 def test_through_a_relay_an_agent_relaying_other_procs_answers_is_progress(own_home, monkeypatch):
     """Relayed, a proc's messages keep their order in its agent: answers of its siblings
