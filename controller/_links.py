@@ -28,7 +28,8 @@ RESEND_MAX_S = 60.0
 # are behind already (thousands of broadcasts queued behind each other, say). A proc that
 # answered nothing since is sent its oldest overdue call alone in each pass (calls to a proc are
 # run in order): if that one is answered, the proc was behind and the rest wait as above; had
-# its messages been lost, the oldest was among them.
+# its messages been lost, the oldest was among them. Relayed, the silent one is the host's
+# agent: one call of one of its procs goes again, and any answer it relays is progress for all.
 PROGRESS_PATIENCE_S = 20.0
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
@@ -125,7 +126,7 @@ class _Links:
             return
         calls = self.core.calls.values() if peers or everything else (self.core.calls[q] for q in overdue)
         pending = [(c, r) for c in calls if c.wire is not None for r in c.targets if r not in c.results]
-        probed: set[str] = set()  # silent procs sent their oldest overdue call again in this pass
+        probed: set[str] = set()  # silent procs (or relaying agents) sent their oldest overdue call again
         for call, rank in pending:
             proc = call.wire.procs[rank]
             if not proc.alive:
@@ -138,11 +139,11 @@ class _Links:
                     if now - call.wire.issued_at < PROGRESS_PATIENCE_S:
                         self.resends["deferred"] += 1  # it answers: this one is queued or running there
                         continue
-                elif proc.id in probed:
+                elif (route := self._relay_host(proc) or proc.id) in probed:
                     self.resends["deferred"] += 1  # silent: its oldest call went again; its answer says which
                     continue
                 else:
-                    probed.add(proc.id)
+                    probed.add(route)
                 reason = "overdue"
             else:
                 continue

@@ -114,6 +114,33 @@ def test_through_a_relay_an_agent_relaying_other_procs_answers_is_progress(own_h
         _mostly_deferred(s.runtime.resends)
 
 
+def test_through_a_silent_relay_one_call_of_one_proc_goes_again_per_pass(own_home, monkeypatch):
+    """Relayed, the silent one is the host's agent: each pass sends one call again through it,
+    not one per proc or per call; once it goes on, each call has run once."""
+    from regent.worker.discovery import live_host_record
+
+    own_home(REGENT_HIPCORE_BACKEND="cpu", REGENT_RELAY="1")
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", RESEND_S)
+    with Session("resend-relay-probe", journal="off") as s:
+        slow = s.spawn_procs(per_host={"procs": 2}).spawn("slow", Slow)
+        slow.count.call().get(timeout=30)
+        assert s.runtime.relaying, "the host's agent relays"
+        agent = live_host_record()["pid"]
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            futs = [slow.work.call(0.0) for _ in range(5)]  # 5 calls to each of 2 procs
+            deadline = time.monotonic() + 20
+            while s.runtime.resends["overdue"] < 2:
+                assert time.monotonic() < deadline, s.runtime.resends
+                time.sleep(0.05)
+            resends = dict(s.runtime.resends)
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        assert resends["deferred"] >= 9 * resends["overdue"], resends
+        assert [sorted(v) for v in zip(*(f.get(timeout=30).values() for f in futs), strict=True)] == [[1, 2, 3, 4, 5]] * 2
+        assert slow.count.call().get(timeout=30).values() == [5, 5]
+
+
 def _mostly_deferred(resends: dict[str, int]) -> None:
     """The overdue call was held back while answers came (none sent again on an idle machine;
     on a loaded one a ping's round trip can outlast the 1 s between two looks, and one may go)."""
