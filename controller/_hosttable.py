@@ -10,7 +10,7 @@ from typing import Any
 
 from regent import wire
 from regent.controller.futures import Future
-from regent.controller.refs import ProcRef
+from regent.controller.refs import ProcTable
 from regent.wire import Kind
 from regent.wire.transport import Outbox
 
@@ -24,7 +24,7 @@ class _HostTable:
     epoch: int
     reply_address: str
     outbox: Outbox
-    procs: dict[str, ProcRef]
+    procs: ProcTable
     hosts: dict[str, str]
     moved_hosts: dict[str, str]
     lost_hosts: dict[str, str]
@@ -109,9 +109,8 @@ class _HostTable:
         requests to it fail at once. Caller holds the drive."""
         self.lost_hosts[host] = reason
         self.hosts.pop(host, None)
-        for proc in list(self.procs.values()):
-            if proc.host == host:
-                self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is unreachable: {reason}")
+        for proc in list(self.procs.on_host(host)):
+            self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is unreachable: {reason}")
 
     def host_back(self, old: str, new: str) -> None:
         """A lost host registered again: it serves new requests, and the procs this session gave
@@ -125,7 +124,7 @@ class _HostTable:
                     self.moved_hosts[was] = new
             self.moved_hosts[old] = new
         self.register_host(new)
-        stale = [p.id for p in self.procs.values() if p.host == old and not p.alive]
+        stale = [p.id for p in self.procs.on_host(old) if not p.alive]
         if stale:
             stop = {"sid": self.session, "e": self.epoch, "op": "stop_procs", "n": 0, "rt": self.reply_address,
                     "ids": stale}
@@ -139,7 +138,7 @@ class _HostTable:
         if not isinstance(host, str) or not isinstance(listed, list):
             return
         alive = {p["id"] for p in listed if isinstance(p, dict) and p.get("alive") and isinstance(p.get("id"), str)}
-        for proc in list(self.procs.values()):
-            if proc.host == host and proc.alive and not proc.stopped and proc.id not in alive:
+        for proc in list(self.procs.on_host(host)):
+            if proc.alive and not proc.stopped and proc.id not in alive:
                 self.mark_dead(proc, f"proc {proc.id} (pid {proc.pid}) is gone: its host agent at {host} "
                                      "no longer lists it (it died unreported, e.g. while no agent watched it)")

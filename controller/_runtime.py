@@ -33,7 +33,7 @@ from regent.controller.drive import Drive
 from regent.controller.folding import expand
 from regent.controller.futures import Future
 from regent.controller.recorder import OutcomePort
-from regent.controller.refs import ProcRef
+from regent.controller.refs import ProcRef, ProcTable
 from regent.wire import Kind, ProtocolError, bulk, schema
 from regent.wire.protocol import MAX_BUFFERS
 from regent.wire.transport import (
@@ -93,7 +93,7 @@ class Runtime(_HostTable, _Links):
         self.resends = {"link": 0, "overdue": 0, "deferred": 0}  # controller/_links.py
         self.heard: dict[str, float] = {}  # proc id (and relaying agent) -> when it last answered a call
         self._monitors.append((self.inbox.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED), None))
-        self.procs: dict[str, ProcRef] = {}
+        self.procs = ProcTable()
         self.hosts: dict[str, str] = {}  # host address -> last hello
         self.moved_hosts: dict[str, str] = {}  # a journaled agent address -> where its successor serves
         self.lost_hosts: dict[str, str] = {}  # cluster hosts whose registration vanished -> why

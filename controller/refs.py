@@ -35,6 +35,53 @@ class ProcRef:
         return self.alive
 
 
+class ProcTable(dict[str, ProcRef]):
+    """A session's procs by id, with an index by host agent built when asked for and dropped
+    on every change (a proc's host is set before it is entered, never while it is in the
+    table), so a host's hello answer is checked against its own procs, not every proc."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_host: dict[str, list[ProcRef]] | None = None
+
+    def __setitem__(self, key: str, value: ProcRef) -> None:
+        self._by_host = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._by_host = None
+        super().__delitem__(key)
+
+    def pop(self, *args: Any) -> Any:
+        self._by_host = None
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[str, ProcRef]:
+        self._by_host = None
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._by_host = None
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._by_host = None
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: str, default: ProcRef) -> ProcRef:  # type: ignore[override]
+        self._by_host = None
+        return super().setdefault(key, default)
+
+    def on_host(self, host: str) -> list[ProcRef]:
+        """The procs whose agent serves (or served) at `host`, in the order they were entered."""
+        if self._by_host is None:
+            index: dict[str, list[ProcRef]] = {}
+            for proc in self.values():
+                index.setdefault(proc.host, []).append(proc)
+            self._by_host = index
+        return self._by_host.get(host, [])
+
+
 class Wire:
     """What the edge keeps of a call to send it, and again under the same id."""
 
