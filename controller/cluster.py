@@ -57,6 +57,7 @@ class ClusterHosts:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listed: dict[str, tuple[Any, dict[str, HostRecord]]] = {}  # cluster -> (version, hosts)
 
     def registered(self, cluster: str) -> list[HostRecord]:
         return registered_hosts(self.backend, cluster)
@@ -174,7 +175,7 @@ class ClusterHosts:
                     by_cluster.setdefault(w.cluster, []).append(w)
             for cluster, hosts in by_cluster.items():
                 try:
-                    now = {h.id: h for h in self.registered(cluster)}
+                    now = self._registrations(cluster)
                     failing = 0
                 except Exception as e:
                     failing += 1
@@ -184,6 +185,17 @@ class ClusterHosts:
                     continue
                 for w in hosts:
                     self._judge(w, now.get(w.id))
+
+    def _registrations(self, cluster: str) -> dict[str, HostRecord]:
+        """`cluster`'s hosts by id: listed again only when the store says they changed (a
+        listing of 512 hosts four times a second was a controller's largest idle cost)."""
+        version = self.backend.cluster_version(cluster)
+        seen = self._listed.get(cluster)
+        if version is not None and seen is not None and seen[0] == version:
+            return seen[1]
+        now = {h.id: h for h in self.registered(cluster)}
+        self._listed[cluster] = (version, now)
+        return now
 
     def _judge(self, w: _Watched, h: HostRecord | None) -> None:
         if h is None:

@@ -205,6 +205,11 @@ class Backend(Protocol):
     def cluster_hosts(self, cluster: str) -> list[tuple[str, bytes]]:
         """(host id, value) of every host of `cluster` whose lease still runs, by id."""
 
+    def cluster_version(self, cluster: str) -> tuple[int, int] | None:
+        """A value that differs between two looks whenever a host of `cluster` joined, joined
+        again, left or expired in between, so a watcher lists the hosts only then; None where
+        the store cannot tell cheaply (the watcher lists every time)."""
+
     def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
         """Store `value` as `cluster`'s `name` unless one is stored already; the stored one
         (first writer wins: a cluster-wide fact, such as its run having ended)."""

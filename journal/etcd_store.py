@@ -559,6 +559,20 @@ class EtcdStore:
         found = self._retry(lambda: list(self._client.get_prefix(prefix)), what="list hosts")
         return sorted((meta.key[len(prefix):].decode("utf-8", "replace"), value) for value, meta in found)
 
+    def cluster_version(self, cluster: str) -> tuple[int, int] | None:
+        # (how many records, the newest record's revision): a join or rejoin writes a newer
+        # revision, a leave or an expiry deletes one; a renewal writes nothing. Two small
+        # requests whatever the cluster's size, where a listing carries every record.
+        prefix = host_prefix(cluster)
+
+        def look() -> tuple[int, int]:
+            count = self._client.get_prefix_response(prefix, count_only=True).count
+            newest = self._client.get_prefix_response(prefix, keys_only=True, limit=1, sort_order="descend",
+                                                      sort_target="mod")
+            return int(count), (int(newest.kvs[0].mod_revision) if newest.kvs else 0)
+
+        return self._retry(look, what="look at hosts")
+
     def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
         key = cluster_value_key(cluster, name)
         t = self._client.transactions

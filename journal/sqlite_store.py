@@ -523,6 +523,9 @@ class SqliteStore:
         ).fetchall()
         return [(r[0], bytes(r[1])) for r in rows if self._live(r[2], r[3], r[4])]
 
+    def cluster_version(self, cluster: str) -> tuple[int, int] | None:
+        return None  # records expire by the clock as they are read, not by a write: list them
+
     def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
         with self._write() as conn:
             conn.execute("INSERT OR IGNORE INTO cluster_values (cluster, name, body) VALUES (?, ?, ?)",

@@ -199,3 +199,31 @@ def test_the_first_to_end_a_clusters_run_is_the_one_recorded(journal: Journal, c
 def test_a_malformed_run_ended_record_is_ignored_and_said(journal: Journal, cluster: str) -> None:
     journal.backend.claim_cluster_value(cluster, RUN_ENDED, b"\xff not json")
     assert run_ended(journal.backend, cluster) is None
+
+
+def test_the_clusters_version_changes_with_its_hosts_and_not_with_renewals(journal: Journal, cluster: str) -> None:
+    """What lets a controller list a cluster's hosts only when they changed (controller/cluster.py)."""
+    b = journal.backend
+    if b.cluster_version(cluster) is None:
+        pytest.skip(f"{b.url}: records expire as they are read; the watcher lists every time")
+    empty = b.cluster_version(cluster)
+    short = b.join_cluster(cluster, "h1", _record("h1").encode(), 1.0)
+    one = b.cluster_version(cluster)
+    assert one != empty
+    b.renew_host(short)
+    assert b.cluster_version(cluster) == one
+    h2 = _record("h2").encode()
+    b.join_cluster(cluster, "h2", h2, 30.0)
+    two = b.cluster_version(cluster)
+    assert two != one
+    deadline = time.monotonic() + 10
+    while b.cluster_version(cluster) == two:  # h1's lease runs out
+        assert time.monotonic() < deadline, "an expiry did not change the version"
+        time.sleep(0.1)
+    expired = b.cluster_version(cluster)
+    assert [r.id for r in registered_hosts(b, cluster)] == ["h2"]
+    again = b.join_cluster(cluster, "h2", _record("h2", incarnation="i2").encode(), 30.0, replace=h2)
+    assert b.cluster_version(cluster) not in (expired, two)
+    rejoined = b.cluster_version(cluster)
+    b.leave_cluster(again)
+    assert b.cluster_version(cluster) != rejoined
