@@ -24,7 +24,7 @@ import structlog
 
 from regent.controller.replay import PATCH, NonDeterminismError
 from regent.controller.replay import PROGRAM as PROGRAM_RECORD
-from regent.journal.standbys import standbys
+from regent.journal.standbys import standbys, watch_standbys
 
 if TYPE_CHECKING:
     from regent.controller.session import Session
@@ -35,6 +35,9 @@ log = structlog.get_logger("regent.upgrade")
 # its epoch when this program stands by, is asked to hand over).
 UPGRADE_ENV = "REGENT_UPGRADE"
 WATCH_INTERVAL_S = 0.02  # a primary's look for a hand-over request: one listing of the session's standbys
+# Where the store notifies the primary of its session's changes (etcd's watch), it looks on
+# each notification and otherwise once a second: fifty listings a second were 4% of a core.
+WATCHED_LOOK_S = 1.0
 # The exit status of a controller that would not take over a session another program now runs.
 EXIT_OTHER_PROGRAM = 3
 
@@ -165,12 +168,34 @@ class HandoverWatch:
         self._on_request = on_request
         self._reported: str | None = None
         self._stop = threading.Event()
+        self._woken = threading.Event()  # the store said the session's space changed, or close()
+        self._cancel: Callable[[], None] | None = None  # the store's watch, while it holds
+        self._watch_again_at = 0.0
         self._thread = threading.Thread(target=self._run, name=f"regent-handover-{session}", daemon=True)
         self._thread.start()
 
+    def _changed(self, alive: bool) -> None:
+        if not alive:
+            self._cancel = None  # broken (the store went away): poll, and watch again later
+        self._woken.set()
+
+    def _wait(self) -> bool:
+        """Until the next look: a change the store reported (at most WATCHED_LOOK_S) while it
+        watches, WATCH_INTERVAL_S otherwise. True once closed."""
+        now = time.monotonic()
+        if self._cancel is None and now >= self._watch_again_at:
+            self._watch_again_at = now + WATCHED_LOOK_S
+            self._cancel = watch_standbys(self._backend, self._session, self._changed)
+        if self._cancel is not None:
+            self._woken.wait(WATCHED_LOOK_S)
+        else:
+            self._stop.wait(WATCH_INTERVAL_S)
+        self._woken.clear()  # before the look: a change during it wakes the next wait
+        return self._stop.is_set()
+
     def _run(self) -> None:
         failing = False
-        while not self._stop.wait(WATCH_INTERVAL_S):
+        while not self._wait():
             try:
                 request = handover_request(self._backend, self._session, self._epoch)
                 failing = False
@@ -200,8 +225,12 @@ class HandoverWatch:
 
     def close(self) -> None:
         self._stop.set()
+        self._woken.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+        if (cancel := self._cancel) is not None:
+            self._cancel = None
+            cancel()
 
 
 def patch_marker(s: Session, change_id: str, deprecated: bool) -> bool:

@@ -210,6 +210,11 @@ class Backend(Protocol):
         again, left or expired in between, so a watcher lists the hosts only then; None where
         the store cannot tell cheaply (the watcher lists every time)."""
 
+    def watch_cluster(self, cluster: str, changed: Callable[[bool], None]) -> Callable[[], None] | None:
+        """Call `changed(True)`, on a thread of the store's, when a host record or value of
+        `cluster` may have changed, and `changed(False)` once if the watch breaks (the store
+        went away); returns what cancels it, or None where the store cannot watch."""
+
     def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
         """Store `value` as `cluster`'s `name` unless one is stored already; the stored one
         (first writer wins: a cluster-wide fact, such as its run having ended)."""

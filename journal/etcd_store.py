@@ -573,6 +573,26 @@ class EtcdStore:
 
         return self._retry(look, what="look at hosts")
 
+    def watch_cluster(self, cluster: str, changed: Callable[[bool], None]) -> Callable[[], None] | None:
+        prefix = CLUSTERS + cluster.encode() + b"/"  # its hosts and its values
+
+        def on_response(response: Any) -> None:
+            changed(not isinstance(response, Exception))  # an error ends pyetcd's watch
+
+        try:
+            watch_id = self._auth.with_token(
+                self._client, lambda: self._client.add_watch_prefix_callback(prefix, on_response))
+        except Exception as e:  # the store is down: the caller looks as it would without a watch
+            log.info("cannot watch the store", cluster=cluster, error=str(e)[:300])
+            return None
+
+        def cancel() -> None:
+            try:
+                self._client.cancel_watch(watch_id)
+            except Exception as e:  # closed with the store, or broken already
+                log.debug("could not cancel a watch", cluster=cluster, error=str(e)[:200])
+        return cancel
+
     def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
         key = cluster_value_key(cluster, name)
         t = self._client.transactions

@@ -17,7 +17,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -525,6 +525,9 @@ class SqliteStore:
 
     def cluster_version(self, cluster: str) -> tuple[int, int] | None:
         return None  # records expire by the clock as they are read, not by a write: list them
+
+    def watch_cluster(self, cluster: str, changed: Callable[[bool], None]) -> Callable[[], None] | None:
+        return None  # no notifications between processes sharing the file: callers look
 
     def claim_cluster_value(self, cluster: str, name: str, value: bytes) -> bytes:
         with self._write() as conn:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -66,6 +67,11 @@ class StandbyPresence:
         self._stop.set()
         if wait_s > 0:
             self._thread.join(wait_s)
+
+
+def watch_standbys(backend: Backend, session: str, changed: Callable[[bool], None]) -> Callable[[], None] | None:
+    """`backend.watch_cluster` of the session's own space: its standbys and hand-over requests."""
+    return backend.watch_cluster(_space(session), changed)
 
 
 def standbys(backend: Backend, session: str) -> list[dict]:
