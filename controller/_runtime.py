@@ -52,6 +52,10 @@ from regent.worker.errors import GROUP_FAILED
 log = structlog.get_logger("regent.controller")
 
 WATERMARK_INTERVAL_S = 0.2
+# The release watermark is one message per proc: past this many procs a second it goes less
+# often than every tick (workers then hold cached results a little longer), so at 4,096 procs
+# it is not a dozen messages per proc for each mesh-wide call that takes two seconds.
+WATERMARK_SENDS_PER_S = 2048
 HOST_HELLO_INTERVAL_S = 1.0
 
 
@@ -106,6 +110,7 @@ class Runtime(_HostTable, _Links):
         self._stop = threading.Event()
         self._on_proc_death: list[Callable[[ProcRef], None]] = []
         self._sent_watermark = (-1, -1)
+        self._watermark_at = 0.0
         self._last_hello = 0.0
         self._issued = 0  # calls issued, for drain_ready
         self.checkpoint_seq = -1
@@ -562,8 +567,10 @@ class Runtime(_HostTable, _Links):
             through = self.core.releasable_through
         mark = (through, self.checkpoint_seq if self.replayable else through)
         # A deposed controller releases nothing: what it journaled is the new leader's to judge.
-        if mark != self._sent_watermark and self.fenced is None:
-            self._sent_watermark = mark
+        every = len(self.procs) / WATERMARK_SENDS_PER_S  # beyond a tick only past the budget
+        due = every <= WATERMARK_INTERVAL_S or now - self._watermark_at >= every
+        if mark != self._sent_watermark and self.fenced is None and due:
+            self._sent_watermark, self._watermark_at = mark, now
             msg = wire.encode(Kind.WATERMARK, {"sid": self.session, "e": self.epoch, "dw": mark[0], "cw": mark[1]})
             for proc in list(self.procs.values()):
                 if proc.alive:
