@@ -193,10 +193,12 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
         rss_spawned = psutil.Process().memory_info().rss / 2**20
         before = journal_bytes(hosts.url, name)
         lat = []
+        cpu0 = cpu_seconds()
         for i in range(calls):
             t = time.perf_counter_ns()
             actors.noop.call(i).get(timeout=600)
             lat.append(time.perf_counter_ns() - t)
+        call_cpu = (cpu_seconds() - cpu0) / calls
         s.now()  # what the calls journaled is durable, so counted below
         per_call = (journal_bytes(hosts.url, name) - before) / calls
         rates, cpus = zip(*(broadcast_phase(actors, procs, broadcasts) for _ in range(repeats)), strict=True)
@@ -204,7 +206,9 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
         rss = psutil.Process().memory_info().rss / 2**20
         return {"procs": procs, "hosts": n_hosts, "hollow": hosts.hollow > 0, "route": route,
                 "spawn_procs_s": round(spawned_procs, 2), "spawn_s": round(spawn_s, 2),
-                "call_all": latency_stats(lat), "broadcast_deliveries_per_s": round(statistics.median(rates)),
+                "call_all": latency_stats(lat), "call_all_cpu_ms": round(call_cpu * 1e3, 2),
+                "call_all_cpu_us_per_proc": round(call_cpu * 1e6 / procs, 2),
+                "broadcast_deliveries_per_s": round(statistics.median(rates)),
                 "cpu_us_per_delivery": round(statistics.median(cpus), 2),
                 "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
                 "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
