@@ -82,16 +82,7 @@ def test_a_silent_proc_is_sent_its_oldest_overdue_call_alone_and_every_call_runs
     with Session("resend-probe", journal="off") as s:
         slow = s.spawn_procs(per_host={"procs": 1}).spawn("slow", Slow)
         pid = slow.pid.call_one().get(timeout=30)
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            futs = [slow.work.call_one(0.0) for _ in range(10)]
-            deadline = time.monotonic() + 20
-            while s.runtime.resends["overdue"] < 2:  # two passes
-                assert time.monotonic() < deadline, s.runtime.resends
-                time.sleep(0.05)
-            resends = dict(s.runtime.resends)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+        futs, resends = _two_passes_while_stopped(s, pid, lambda: [slow.work.call_one(0.0) for _ in range(10)])
         assert resends["deferred"] >= 9 * resends["overdue"], resends
         assert sorted(f.get(timeout=30) for f in futs) == list(range(1, 11))
         assert slow.count.call_one().get(timeout=30) == 10
@@ -126,19 +117,25 @@ def test_through_a_silent_relay_one_call_of_one_proc_goes_again_per_pass(own_hom
         slow.count.call().get(timeout=30)
         assert s.runtime.relaying, "the host's agent relays"
         agent = live_host_record()["pid"]
-        os.kill(agent, signal.SIGSTOP)
-        try:
-            futs = [slow.work.call(0.0) for _ in range(5)]  # 5 calls to each of 2 procs
-            deadline = time.monotonic() + 20
-            while s.runtime.resends["overdue"] < 2:
-                assert time.monotonic() < deadline, s.runtime.resends
-                time.sleep(0.05)
-            resends = dict(s.runtime.resends)
-        finally:
-            os.kill(agent, signal.SIGCONT)
-        assert resends["deferred"] >= 9 * resends["overdue"], resends
+        futs, resends = _two_passes_while_stopped(s, agent, lambda: [slow.work.call(0.0) for _ in range(5)])
+        assert resends["deferred"] >= 9 * resends["overdue"], resends  # 5 calls to each of 2 procs
         assert [sorted(v) for v in zip(*(f.get(timeout=30).values() for f in futs), strict=True)] == [[1, 2, 3, 4, 5]] * 2
         assert slow.count.call().get(timeout=30).values() == [5, 5]
+
+
+def _two_passes_while_stopped(s: Session, pid: int, issue) -> tuple[list, dict[str, int]]:
+    """With process `pid` stopped, `issue()` calls and wait for two passes of resends; the
+    futures and the resend counts then. `pid` goes on before this returns."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        futs = issue()
+        deadline = time.monotonic() + 20
+        while s.runtime.resends["overdue"] < 2:
+            assert time.monotonic() < deadline, s.runtime.resends
+            time.sleep(0.05)
+        return futs, dict(s.runtime.resends)
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def _mostly_deferred(resends: dict[str, int]) -> None:
