@@ -1,8 +1,8 @@
 """`regent host --cluster C --hollow K --fleet M`: M hollow host agents from one command.
 
 Each agent is its own process, forked from this one once the agent's modules are imported, so
-the M agents share those pages instead of importing them M times (a fresh agent holds ~48 MiB
-of its own; a forked one ~25, bench/README.md "Hollow fleets"). Past the fork each is exactly
+the M agents share those pages instead of importing them M times (docs/multihost.md says how
+much that saves). Past the fork each is exactly
 the agent `regent host --cluster C --hollow K --name NAME-i` would start: its own name,
 sockets, registration and procs. Killing one is that host's loss; the others go on. This
 process only waits: SIGTERM or SIGINT here stops every agent, and it returns once all have
