@@ -301,9 +301,13 @@ class EtcdStore:
         return bool(responses) and responses[0].TTL > 0
 
     def release(self, grant: Grant, *, within_s: float = 3.0) -> None:
+        # Through the keep-alive client: its attempts are short and it has followed the lease
+        # to a live member, where the main client may still hold a partitioned one and spend
+        # the whole budget on one attempt there.
+        client = self._keepalive_client or self._client
         try:
             self._retry(
-                lambda: self._client.revoke_lease(grant.lease_id),
+                lambda: client.revoke_lease(grant.lease_id),
                 what="revoke lease",
                 within_s=within_s,
             )
