@@ -62,6 +62,7 @@ class _Links:
     _unproven: dict[str, str]
     _reconnects: dict[int, int]
     _resend_all: bool
+    _resent_all_at: float
     _next_overdue_scan: float
     resends: dict[str, int]  # calls sent again, by reason ("link", "overdue"), and "deferred"
     heard: dict[str, float]  # proc id (and relaying agent) -> when it last answered a call
@@ -111,6 +112,13 @@ class _Links:
                              zmq_event=str(event.get("event")))
         now = time.monotonic()
         everything, self._resend_all = self._resend_all, False
+        if everything and now - self._resent_all_at < RESEND_FIRST_S:
+            # A disconnect from the inbox names no peer: anything that connects and goes (a
+            # stale proc of another session retrying a reused port, a scanner) would have every
+            # outstanding call sent again each time. Once per RESEND_FIRST_S at most.
+            self._resend_all, everything = True, False
+        elif everything:
+            self._resent_all_at = now
         overdue: dict[int, float] = {}  # seq -> when it was last sent
         if now >= self._next_overdue_scan:
             self._next_overdue_scan = now + 1.0

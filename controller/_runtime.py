@@ -93,6 +93,7 @@ class Runtime(_HostTable, _Links):
         # the secret: why, for the error of a request that they leave unanswered.
         self._unproven: dict[str, str] = {}
         self._resend_all = False
+        self._resent_all_at = -1e9
         self._next_overdue_scan = 0.0
         self.resends = {"link": 0, "overdue": 0, "deferred": 0}  # controller/_links.py
         self.heard: dict[str, float] = {}  # proc id (and relaying agent) -> when it last answered a call

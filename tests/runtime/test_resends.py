@@ -123,6 +123,37 @@ def test_through_a_silent_relay_one_call_of_one_proc_goes_again_per_pass(own_hom
         assert slow.count.call().get(timeout=30).values() == [5, 5]
 
 
+def test_strangers_coming_and_going_on_the_inbox_do_not_resend_every_call_each_time(own_home, monkeypatch):
+    """A disconnect on the controller's inbox names no peer, so it sends every outstanding
+    call again; connections that come and go (a stale proc retrying a reused port) must not
+    make that a storm: at most once per RESEND_FIRST_S."""
+    import zmq
+
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    with Session("resend-strangers", journal="off") as s:
+        slow = s.spawn_procs(per_host={"procs": 1}).spawn("slow", Slow)
+        pid = slow.pid.call_one().get(timeout=30)
+        ctx = zmq.Context()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            fut = slow.work.call_one(0.0)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2.0:  # twenty strangers, one after another
+                stranger = ctx.socket(zmq.DEALER)
+                stranger.connect(s.runtime.reply_address)
+                time.sleep(0.05)
+                stranger.close(linger=0)
+                time.sleep(0.05)
+            time.sleep(0.5)
+            resends = dict(s.runtime.resends)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            ctx.term()
+        assert 1 <= resends["link"] <= 2, resends  # the first at once, then none within 3 s
+        assert fut.get(timeout=30) == 1
+        assert slow.count.call_one().get(timeout=30) == 1
+
+
 def _two_passes_while_stopped(s: Session, pid: int, issue) -> tuple[list, dict[str, int]]:
     """With process `pid` stopped, `issue()` calls and wait for two passes of resends; the
     futures and the resend counts then. `pid` goes on before this returns."""
