@@ -52,6 +52,10 @@ from regent.worker.errors import GROUP_FAILED
 log = structlog.get_logger("regent.controller")
 
 WATERMARK_INTERVAL_S = 0.2
+# A program thread waiting this long for a result (a mesh-wide call over many procs) lets the IO
+# thread sleep until its next tick rather than nap every 2 ms; shorter waits (call after call to
+# one actor) keep the naps, which cost less than waking the IO thread at the end of each wait.
+LONG_WAIT_S = 0.02
 # The release watermark is one message per proc: past this many procs a second it goes less
 # often than every tick (workers then hold cached results a little longer), so at 4,096 procs
 # it is not a dozen messages per proc for each mesh-wide call that takes two seconds.
@@ -80,12 +84,19 @@ class Runtime(_HostTable, _Links):
         self._want_lock = threading.Lock()
         self._spin_s = spin_budget_s()
         self._wanted = 0  # program threads reading the inbox themselves
+        self._wait_began = 0.0  # when the current wait (_wanted > 0) began
+        # The IO thread's long nap (_io_loop) and what ends it.
+        self._napping = False
+        self.io_passes = 0  # the IO thread's wake-ups, counted
+        self._unread = True  # the inbox may hold messages its descriptor will not signal again
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # links (chaos testing): see Transport.make. A TCP connection that breaks loses what was
         # on the wire (zmq reconnects, it does not retransmit): outstanding calls are sent again
         # under the same call id when a link comes back, and workers dedupe them.
         self.transport = made = transport or Transport.make(bind_host, links)
         self.ctx, self.creds, self.inbox, self.outbox = made.ctx, made.creds, made.inbox, made.outbox
         self.reply_address = made.reply_address
+        self.outbox.dirty.on_add = self._wake_io  # a batch queued while the IO thread sleeps
         # Every peer's link monitor, made with the peer (Transport.make), and the inbox's.
         self._monitors: list[tuple[zmq.Socket, Peer | None]] = made.monitors
         self._reconnects: dict[int, int] = {}
@@ -232,24 +243,48 @@ class Runtime(_HostTable, _Links):
         It also sends batches the program queued and then left (a broadcast, then a
         sleep): nothing waits for a later call to go out. Its timer (watermarks, resends,
         hellos) is an event posted to whoever drives.
+
+        With nothing to send, nothing left unread and no waiter (or one waiting longer than
+        LONG_WAIT_S), it sleeps until the next tick, woken by the inbox (no waiter), by
+        `_wake_io` (a batch queued, messages left unread, a long wait ended, close); otherwise
+        it naps 2 ms at a time. An idle controller thus wakes a few times a second, not 500.
         """
-        woken = select.poll()  # not select(): a controller of a thousand procs has fds above 1024
-        woken.register(self.inbox.sock.getsockopt(zmq.FD), select.POLLIN)
+        poller = select.poll()  # not select(): a controller of a thousand procs has fds above 1024
+        inbox_fd = self.inbox.sock.getsockopt(zmq.FD)
+        poller.register(self._wake_r, select.POLLIN)
+        watching_inbox = False
         next_tick = time.monotonic()
         dirty = self.outbox.dirty
         drive = self.drive
         issued = self._issued
         while not self._stop.is_set():
+            self.io_passes += 1
             try:
-                if self._wanted or drive.wanted:
-                    time.sleep(0.002)
-                else:
-                    woken.poll(2)
-                    if drive.acquire(0):
-                        try:
-                            self._drain()
-                        finally:
-                            drive.release()
+                now = time.monotonic()
+                waiter = self._wanted > 0 or drive.wanted > 0
+                if watching_inbox == waiter:  # the inbox is the waiter's to read, else ours
+                    watching_inbox = not waiter
+                    poller.register(inbox_fd, select.POLLIN if watching_inbox else 0)
+                timeout_ms = 2
+                if not (dirty or self._unread or drive.wanted
+                        or (waiter and now - self._wait_began < LONG_WAIT_S)):
+                    self._napping = True
+                    # Looked at again after the flag is up: a waker changes its state first, then
+                    # reads the flag, so one of the two sees the other.
+                    if dirty or self._unread or (self._wanted > 0) != waiter or self._stop.is_set():
+                        self._napping = False
+                    else:
+                        timeout_ms = max(1, int((next_tick - now) * 1000) + 1)
+                events = poller.poll(timeout_ms)
+                self._napping = False
+                for fd, _ in events:
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 4096)
+                if watching_inbox and (events or self._unread) and drive.acquire(0):
+                    try:
+                        self._unread = not self._drain()
+                    finally:
+                        drive.release()
                 now = time.monotonic()
                 if dirty:
                     # Batches the program left (it issued nothing since the last pass) go after
@@ -266,14 +301,31 @@ class Runtime(_HostTable, _Links):
             except Exception:
                 log.exception("controller IO loop error (continuing)")
 
-    def _drain(self) -> None:
-        """Handle everything in the inbox, or less if another thread waits for the drive.
-        Caller holds the drive."""
+    def _wake_io(self) -> None:
+        """End the IO thread's long nap, if it is in one (one attribute read when it is not)."""
+        if self._napping:
+            self._napping = False
+            try:
+                os.write(self._wake_w, b"w")
+            except OSError:  # the pipe is full: the thread is being woken already
+                pass
+
+    def _left_unread(self) -> None:
+        """A reader stopped with messages still in the inbox (zmq's descriptor will not
+        signal them again): the IO thread reads them unless a waiter does first."""
+        self._unread = True
+        self._wake_io()
+
+    def _drain(self) -> bool:
+        """Handle everything in the inbox, or less if another thread waits for the drive:
+        True if the inbox was emptied. Caller holds the drive."""
         drive = self.drive
         for frames in self.inbox.pending():
             self._handle(frames)
             if drive.wanted:
-                return
+                self._left_unread()
+                return False
+        return True
 
     def drain_ready(self, limit: int = 4) -> None:
         """Every eighth time: handle up to `limit` messages already in the inbox, without
@@ -286,6 +338,7 @@ class Runtime(_HostTable, _Links):
         for n, frames in enumerate(inbox.pending(), 1):
             self._handle(frames)
             if n >= limit:
+                self._left_unread()
                 return
 
     def wait_for(self, fut: Future, timeout: float | None) -> bool:
@@ -305,6 +358,8 @@ class Runtime(_HostTable, _Links):
         deadline = None if timeout is None else time.monotonic() + timeout
         drive = self.drive
         with self._want_lock:
+            if not self._wanted:
+                self._wait_began = time.monotonic()
             self._wanted += 1
         try:
             while True:
@@ -323,6 +378,7 @@ class Runtime(_HostTable, _Links):
         finally:
             with self._want_lock:
                 self._wanted -= 1
+            self._wake_io()  # the inbox is the IO thread's again, if no other waiter reads it
 
     def _drive_until(self, done: Callable[[], bool], deadline: float | None) -> bool:
         """wait_until's turn at the drive: True once done; False at the deadline, or to let a
@@ -585,7 +641,12 @@ class Runtime(_HostTable, _Links):
 
     def close(self) -> None:
         self._stop.set()
+        self._napping = True  # whatever it is doing: write to the pipe
+        self._wake_io()
         self._io.join(timeout=2.0)
+        if not self._io.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         with self.drive:  # a waiter on another thread lets go of the socket first
             pass
         self.transport.close()

@@ -402,6 +402,23 @@ def context(sockets: int = 0) -> zmq.Context:
 RECEIVER_MAX_PEERS = 256
 
 
+class DirtyPeers(set):
+    """The peers with a batch queued and not yet sent. `on_add`, if set, runs after each peer
+    is added (at the start of its batch, not per message): the owner's flushing thread may be
+    asleep and must be woken to send the batch within its age."""
+
+    __slots__ = ("on_add",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_add: Callable[[], None] | None = None
+
+    def add(self, peer: Peer) -> None:
+        set.add(self, peer)
+        if self.on_add is not None:
+            self.on_add()
+
+
 class Outbox:
     """Peers by address, created on first use. `route` may redirect a connection (a chaos
     proxy in front of a peer, say) while callers keep using the peer's own address.
@@ -418,7 +435,7 @@ class Outbox:
         self.on_new = on_new
         self.max_peers = max_peers
         self._peers: dict[str, Peer] = {}  # with max_peers: least recently used first
-        self.dirty: set[Peer] = set()  # peers with queued messages not yet sent
+        self.dirty = DirtyPeers()  # peers with queued messages not yet sent
         self._lock = threading.Lock()
 
     def peer(self, address: str) -> Peer:
