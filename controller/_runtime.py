@@ -52,10 +52,11 @@ from regent.worker.errors import GROUP_FAILED
 log = structlog.get_logger("regent.controller")
 
 WATERMARK_INTERVAL_S = 0.2
-# A program thread waiting this long for a result (a mesh-wide call over many procs) lets the IO
-# thread sleep until its next tick rather than nap every 2 ms; shorter waits (call after call to
-# one actor) keep the naps, which cost less than waking the IO thread at the end of each wait.
-LONG_WAIT_S = 0.02
+# After this long with nothing to send or read, and with no waiter or one waiting this long for a
+# result (a mesh-wide call over many procs), the IO thread sleeps until its next tick rather than
+# nap every 2 ms. While the program issues call after call, or waits briefly each time, it keeps
+# napping: that costs less than being woken for each batch or at the end of each wait.
+QUIET_S = 0.02
 # The release watermark is one message per proc: past this many procs a second it goes less
 # often than every tick (workers then hold cached results a little longer), so at 4,096 procs
 # it is not a dozen messages per proc for each mesh-wide call that takes two seconds.
@@ -244,8 +245,8 @@ class Runtime(_HostTable, _Links):
         sleep): nothing waits for a later call to go out. Its timer (watermarks, resends,
         hellos) is an event posted to whoever drives.
 
-        With nothing to send, nothing left unread and no waiter (or one waiting longer than
-        LONG_WAIT_S), it sleeps until the next tick, woken by the inbox (no waiter), by
+        After QUIET_S with nothing to send or read and no waiter (or one waiting longer than
+        QUIET_S), it sleeps until the next tick, woken by the inbox (no waiter), by
         `_wake_io` (a batch queued, messages left unread, a long wait ended, close); otherwise
         it naps 2 ms at a time. An idle controller thus wakes a few times a second, not 500.
         """
@@ -257,6 +258,7 @@ class Runtime(_HostTable, _Links):
         dirty = self.outbox.dirty
         drive = self.drive
         issued = self._issued
+        busy_at = next_tick
         while not self._stop.is_set():
             self.io_passes += 1
             try:
@@ -266,8 +268,9 @@ class Runtime(_HostTable, _Links):
                     watching_inbox = not waiter
                     poller.register(inbox_fd, select.POLLIN if watching_inbox else 0)
                 timeout_ms = 2
-                if not (dirty or self._unread or drive.wanted
-                        or (waiter and now - self._wait_began < LONG_WAIT_S)):
+                if dirty or self._unread or drive.wanted or (waiter and now - self._wait_began < QUIET_S):
+                    busy_at = now
+                elif now - busy_at >= QUIET_S:
                     self._napping = True
                     # Looked at again after the flag is up: a waker changes its state first, then
                     # reads the flag, so one of the two sees the other.
@@ -280,6 +283,8 @@ class Runtime(_HostTable, _Links):
                 for fd, _ in events:
                     if fd == self._wake_r:
                         os.read(self._wake_r, 4096)
+                    else:
+                        busy_at = now
                 if watching_inbox and (events or self._unread) and drive.acquire(0):
                     try:
                         self._unread = not self._drain()
@@ -631,7 +636,11 @@ class Runtime(_HostTable, _Links):
             msg = wire.encode(Kind.WATERMARK, {"sid": self.session, "e": self.epoch, "dw": mark[0], "cw": mark[1]})
             for proc in list(self.procs.values()):
                 if proc.alive:
-                    self.try_send_to_proc(proc, msg)
+                    peer, out, alive = self._route(proc, msg)
+                    if out is msg:
+                        peer.try_send(msg)
+                    else:  # relayed: a host's procs get theirs in one batch to its agent
+                        peer.try_queue(out, alive)
         if self.hosts and now - self._last_hello >= HOST_HELLO_INTERVAL_S:
             self._last_hello = now
             hello = wire.encode(Kind.HOST_REQ, {"sid": self.session, "e": self.epoch, "op": "hello", "n": 0,

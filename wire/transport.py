@@ -335,6 +335,32 @@ class Peer:
                     or now - self.queued_since >= self.batch_age_s):
                 self._flush_locked(True)
 
+    def try_queue(self, msg: list, alive: Callable[[], bool] | None = None) -> bool:
+        """`queue` for a message the next one supersedes (a release watermark), without
+        waiting: False, with nothing queued, if the batch had to go out first and could not
+        (the peer is full, or another thread is sending to it)."""
+        size = protocol.message_bytes(msg)
+        if not protocol.batchable(msg, size):
+            return self.try_send(msg)
+        size += len(msg[0])
+        if not self.lock.acquire(False):
+            return False
+        try:
+            queued = self._queued
+            if queued and (len(queued) + 1 >= protocol.BATCH_MESSAGES or self._queued_bytes + size >= self._batch_bytes):
+                if not self._flush_locked(False):
+                    return False
+            if not self._queued:
+                self.queued_since = time.monotonic()
+                if self._dirty is not None:
+                    self._dirty.add(self)
+            self._queued.append(msg)
+            self._queued_bytes += size
+            self._alive = alive
+            return True
+        finally:
+            self.lock.release()
+
     def flush(self, block: bool = True) -> bool:
         """Send what is queued. block=False gives up (False) if the peer is full or
         another thread is sending to it. PeerGone (blocking only) drops the batch."""

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from regent import Actor, RestartPolicy, Session, SupervisionError, context, endpoint
+from regent import Actor, RestartPolicy, Session, SupervisionError, context, endpoint, wire
+from regent.wire import Kind
+from tests.runtime.rawpeer import RawPeer
 from tests.support.agenthome import agent_record
 from tests.support.loopback import CLUSTER, loopback_agents
 
@@ -78,6 +80,29 @@ def test_casts_and_their_answers_go_through_the_host_agents(hollow_hosts) -> Non
         hosts = {p.host for p in s.runtime.procs.values()}
         assert len(hosts) == 2 and s.runtime.relaying == hosts
         assert not {p.address for p in s.runtime.procs.values()} & set(s.runtime.outbox.addresses())
+
+
+def test_the_release_watermark_reaches_relayed_procs(hollow_hosts) -> None:
+    """The watermark goes to each agent as one batch for its procs (Peer.try_queue), and every
+    proc drops the results the journal holds."""
+    with Session("relay-watermark", journal=hollow_hosts) as s:
+        c = s.host_mesh(hosts=2, cluster=CLUSTER).spawn_procs(per_host={"procs": HOLLOW}).spawn("c", Counter)
+        for _ in range(20):
+            c.incr.call().get(timeout=30)
+        s.now()
+        peer = RawPeer()
+        try:
+            deadline = time.monotonic() + 15
+            for n, proc in enumerate(c._procs):
+                while True:
+                    peer.send(proc.address, wire.encode(Kind.PING, {"rt": peer.address, "n": n}))
+                    _, pong, _ = peer.recv()
+                    if pong["cached"] <= 2:
+                        break
+                    assert time.monotonic() < deadline, f"{proc.id} still caches {pong['cached']} results"
+                    time.sleep(0.1)
+        finally:
+            peer.close()
 
 
 def _agent_pid(home: Path) -> int:
