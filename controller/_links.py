@@ -14,7 +14,7 @@ import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from regent.wire.transport import Peer, PeerGone
+from regent.wire.transport import Peer, PeerGone, readable
 
 log = structlog.get_logger("regent.controller")
 
@@ -43,7 +43,7 @@ def _readable(sock: zmq.Socket) -> bool:
     """Whether a monitor holds an event. Most have none: asking costs a flag read, where a recv
     finding nothing raises (14k of those were a second of a takeover's time at 1,024 procs)."""
     try:
-        return not sock.closed and bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return not sock.closed and readable(sock)
     except zmq.ZMQError:
         return False
 
