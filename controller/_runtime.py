@@ -300,10 +300,12 @@ class Runtime(_HostTable, _Links):
                     next_tick = now + WATERMARK_INTERVAL_S
                     drive.post(self._tick)
             except (zmq.ContextTerminated, ValueError, OSError):
+                self._napping = False
                 if self._stop.is_set():
                     return
                 log.exception("controller IO loop error (continuing)")
             except Exception:
+                self._napping = False
                 log.exception("controller IO loop error (continuing)")
 
     def _wake_io(self) -> None:
@@ -312,7 +314,7 @@ class Runtime(_HostTable, _Links):
             self._napping = False
             try:
                 os.write(self._wake_w, b"w")
-            except OSError:  # the pipe is full: the thread is being woken already
+            except OSError:  # the pipe is full (the thread is being woken already), or closed
                 pass
 
     def _left_unread(self) -> None:
@@ -653,9 +655,12 @@ class Runtime(_HostTable, _Links):
         self._napping = True  # whatever it is doing: write to the pipe
         self._wake_io()
         self._io.join(timeout=2.0)
-        if not self._io.is_alive():
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        if not self._io.is_alive():  # else it may still poll them: they are left open
+            self._napping = False
+            r, w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1  # a late _wake_io writes to no descriptor, not a reused one
+            os.close(r)
+            os.close(w)
         with self.drive:  # a waiter on another thread lets go of the socket first
             pass
         self.transport.close()
