@@ -10,7 +10,7 @@ run the real kubelet. The controller is this process. For each size (procs, PER_
 one session measures: spawn time (procs, then one actor per proc), `call()` on every actor
 (p50 over --calls rounds), broadcast deliveries/s and this process's CPU per delivery (median of
 --repeats phases of --broadcasts broadcasts and one call), the controller's RSS (once spawned and
-at the end), and the journal
+at the end), its CPU idle (cores, over IDLE_S with the mesh up and nothing called), and the journal
 bytes of one mesh-wide `call()` (the store's log, before and after --calls calls). Then, with
 --takeover N, SIGKILL of a primary calling every actor of an N-proc mesh in a loop -> the first
 call() its standby completes (bench/programs/failover_loop.py as both), --takeover-runs times,
@@ -65,6 +65,7 @@ HOSTS_NICE = 19
 # An agent renews its registration every third of its TTL, a few ms of CPU each (a gRPC
 # stream): at 512 hollow agents on 2 cores that is the bench's, not the controller's, cost.
 HOST_TTL_S = 60.0
+IDLE_S = 5.0  # the idle controller's CPU is measured over this long
 
 
 def low_autogroup(pid: int) -> None:
@@ -204,6 +205,12 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
         rates, cpus = zip(*(broadcast_phase(actors, procs, broadcasts) for _ in range(repeats)), strict=True)
         folds = accumulate_phase(s, hosts.url, name, actors, procs, calls)
         rss = psutil.Process().memory_info().rss / 2**20
+        # What the controller spends with nothing to do (its timer, hellos, watermarks, the
+        # lease, the host watch): charged to every delivery of a slow phase.
+        time.sleep(1.0)
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        time.sleep(IDLE_S)
+        idle_cores = (cpu_seconds() - cpu0) / (time.perf_counter() - t0)
         return {"procs": procs, "hosts": n_hosts, "hollow": hosts.hollow > 0, "route": route,
                 "spawn_procs_s": round(spawned_procs, 2), "spawn_s": round(spawn_s, 2),
                 "call_all": latency_stats(lat), "call_all_cpu_ms": round(call_cpu * 1e3, 2),
@@ -211,7 +218,7 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
                 "broadcast_deliveries_per_s": round(statistics.median(rates)),
                 "cpu_us_per_delivery": round(statistics.median(cpus), 2),
                 "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
-                "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
+                "controller_idle_cores": round(idle_cores, 4), "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
                 "journal_bytes_per_call_all": round(per_call), "accumulate": folds,
                 **hosts.memory_mib(),
                 "resends": dict(s.runtime.resends)}  # calls sent again, by reason (controller/_links.py)
