@@ -33,7 +33,7 @@ def _done_within(fut, limit: float) -> float:
 @pytest.fixture
 def slow_tick(own_home, monkeypatch):
     own_home(REGENT_HIPCORE_BACKEND="cpu")
-    monkeypatch.setattr("regent.controller._runtime.WATERMARK_INTERVAL_S", 5.0)
+    monkeypatch.setattr("regent.controller._reading.TICK_S", 5.0)
 
 
 def test_an_idle_controller_wakes_for_its_ticks_and_for_what_it_is_sent(slow_tick) -> None:

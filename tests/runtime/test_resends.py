@@ -82,16 +82,7 @@ def test_a_silent_proc_is_sent_its_oldest_overdue_call_alone_and_every_call_runs
     with Session("resend-probe", journal="off") as s:
         slow = s.spawn_procs(per_host={"procs": 1}).spawn("slow", Slow)
         pid = slow.pid.call_one().get(timeout=30)
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            futs = [slow.work.call_one(0.0) for _ in range(10)]
-            passes = _passes(s, 2)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        # One call sent again a pass; by the second every call is overdue (a loaded machine may
-        # take longer than RESEND_S to issue ten) and nine are held back.
-        assert [p["overdue"] for p in passes] == [1, 1], passes
-        assert passes[-1]["deferred"] == 9, passes
+        futs = _one_call_again_per_pass(s, pid, lambda: [slow.work.call_one(0.0) for _ in range(10)])
         assert sorted(f.get(timeout=30) for f in futs) == list(range(1, 11))
         assert slow.count.call_one().get(timeout=30) == 10
 
@@ -125,17 +116,7 @@ def test_through_a_silent_relay_one_call_of_one_proc_goes_again_per_pass(own_hom
         slow.count.call().get(timeout=30)
         assert s.runtime.relaying, "the host's agent relays"
         agent = live_host_record()["pid"]
-        os.kill(agent, signal.SIGSTOP)
-        try:
-            futs = [slow.work.call(0.0) for _ in range(5)]
-            passes = _passes(s, 2)
-        finally:
-            os.kill(agent, signal.SIGCONT)
-        # Each pass sends one call again. A loaded machine may take more than RESEND_S to issue
-        # the five calls, so the first pass may find only some of them overdue; by the second
-        # every one is: 5 calls to each of 2 procs, one sent again, nine held back.
-        assert [p["overdue"] for p in passes] == [1, 1], passes
-        assert passes[-1]["deferred"] == 9, passes
+        futs = _one_call_again_per_pass(s, agent, lambda: [slow.work.call(0.0) for _ in range(5)])  # 5 to each of 2
         assert [sorted(v) for v in zip(*(f.get(timeout=30).values() for f in futs), strict=True)] == [[1, 2, 3, 4, 5]] * 2
         assert slow.count.call().get(timeout=30).values() == [5, 5]
 
@@ -169,6 +150,22 @@ def test_strangers_coming_and_going_on_the_inbox_do_not_resend_every_call_each_t
         assert 1 <= resends["link"] <= 2, resends  # the first at once, then none within 3 s
         assert fut.get(timeout=30) == 1
         assert slow.count.call_one().get(timeout=30) == 1
+
+
+def _one_call_again_per_pass(s: Session, pid: int, issue) -> list:
+    """With process `pid` stopped, `issue()` ten calls to it (or through it) and check the next
+    two passes: each sends one call again; by the second every call is overdue (a loaded
+    machine may take longer than RESEND_S to issue them, so the first may find only some) and
+    nine are held back. The futures; `pid` goes on before this returns."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        futs = issue()
+        passes = _passes(s, 2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert [p["overdue"] for p in passes] == [1, 1], passes
+    assert passes[-1]["deferred"] == 9, passes
+    return futs
 
 
 def _passes(s: Session, n: int) -> list[dict[str, int]]:
