@@ -44,7 +44,9 @@ def test_an_idle_controller_wakes_for_its_ticks_and_for_what_it_is_sent(slow_tic
         before = s.runtime.io_passes
         time.sleep(1.0)
         idle_passes = s.runtime.io_passes - before
-        assert idle_passes <= 5, f"an idle IO thread woke {idle_passes} times in 1 s (2 ms naps: ~500)"
+        # Its ticks, and ~10 short naps after anything that reaches it (a proc's message): a
+        # tenth of the old naps' count is the bound, loaded machine or not.
+        assert idle_passes <= 50, f"an idle IO thread woke {idle_passes} times in 1 s (2 ms naps: ~500)"
         # A call nobody waits for: its batch wakes the thread, which sends it and reads the reply.
         fut = m.nap.call(0.0)
         _done_within(fut, 2.0)
@@ -52,7 +54,7 @@ def test_an_idle_controller_wakes_for_its_ticks_and_for_what_it_is_sent(slow_tic
         before = s.runtime.io_passes
         assert m.nap.call(1.0).get(timeout=60).values() == [1.0, 1.0]
         waiting_passes = s.runtime.io_passes - before
-        assert waiting_passes <= 30, f"the IO thread woke {waiting_passes} times during a 1 s wait"
+        assert waiting_passes <= 60, f"the IO thread woke {waiting_passes} times during a 1 s wait"
 
 
 def test_a_long_wait_ending_gives_the_inbox_back_to_the_io_thread(slow_tick) -> None:
