@@ -28,6 +28,7 @@ from regent.wire.protocol import (
     encode,
     encode_batch,
     frame_bytes,
+    kind_byte,
     loads,
     pack,
     payload_size,
@@ -40,5 +41,5 @@ __all__ = [
     "BATCH_ALONE_BYTES", "BATCH_MESSAGES", "BATCH_MESSAGE_FRAMES", "MAX_BATCH", "MAX_META_BYTES",
     "Kind", "MessageTooLarge", "PointMessages", "ProtocolError", "RegentError", "call_digest",
     "decode", "decode_one", "digest", "dumps", "dumps_call", "encode", "encode_batch",
-    "frame_bytes", "loads", "pack", "payload_size", "relay_header", "require", "split_batch",
+    "frame_bytes", "kind_byte", "loads", "pack", "payload_size", "relay_header", "require", "split_batch",
 ]

@@ -16,6 +16,7 @@ refuses a deposed controller from its first message, before any proc has adopted
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import time
@@ -148,6 +149,8 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
             for fd in zygotes:
                 poller.register(fd, zmq.POLLIN)
             tick = 2 if self.relay.backlogged else BUSY_TICK_MS if self._spawning() else IDLE_TICK_MS
+            if (hold := self.relay.hold_s()) is not None:  # answers gathered go out by then
+                tick = min(tick, math.ceil(hold * 1000))
             for sock_or_fd, _ in poller.poll(tick):
                 if sock_or_fd is self.inbox.sock:
                     self._drain_inbox()
@@ -156,6 +159,7 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
                 elif sock_or_fd in zygotes:
                     zygotes[sock_or_fd].pump()
             self._release_held()
+            self.relay.flush()  # answers held past GATHER_S
             if self.relay.backlogged:
                 self.relay.retry()
             self._after_adoption()
@@ -324,6 +328,7 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
         self._send(rt, wire.encode(Kind.HOST_REP, {"sid": sid, "n": n, "st": "ok", **extra}))
 
     def _send(self, rt: str, msg: list) -> None:
+        self.relay.release()  # what procs said through this agent goes first (a proc's answers before its death)
         try:
             sent = self.outbox.peer(rt).try_send(msg)
         except ProtocolError as e:  # an address zmq will not connect to, though it looked valid
