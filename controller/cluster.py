@@ -28,6 +28,10 @@ log = structlog.get_logger("regent.controller")
 
 WATCH_INTERVAL_S = 0.25
 PICK_POLL_S = 0.2
+# A picked agent has HELLO_S to answer; one still registered at the same address that did not
+# (a loaded machine, a pause) is asked once more for HELLO_AGAIN_S before the mesh fails.
+HELLO_S = 3.0
+HELLO_AGAIN_S = 15.0
 
 
 def _entry(h: HostRecord) -> dict:
@@ -122,10 +126,20 @@ class ClusterHosts:
         # leader greeted already (a takeover's fence did, a moment ago) is not asked again.
         greeted: list[object] = [{} for _ in entries]
         ask = [k for k, e in enumerate(entries) if e["addr"] not in self.runtime.hosts]
-        replies = self.runtime.host_requests([(entries[k]["addr"], "hello", {}) for k in ask], timeout=3.0,
+        replies = self.runtime.host_requests([(entries[k]["addr"], "hello", {}) for k in ask], timeout=HELLO_S,
                                              timeouts=True)
         for k, reply in zip(ask, replies, strict=True):
             greeted[k] = reply
+        # A replay takes a silent agent for lost at once (a takeover must not wait on the dead).
+        slow = [] if replaying else [k for k in ask if isinstance(greeted[k], TimeoutError) and (
+            (now := registered.get(entries[k]["id"])) is not None and now.address == entries[k]["addr"])]
+        if slow:
+            log.warning("registered host agents did not answer in time; asking them again", cluster=cluster,
+                        hosts=[entries[k]["id"] for k in slow][:20], count=len(slow), timeout_s=HELLO_AGAIN_S)
+            again = self.runtime.host_requests([(entries[k]["addr"], "hello", {}) for k in slow],
+                                               timeout=HELLO_AGAIN_S, timeouts=True)
+            for k, reply in zip(slow, again, strict=True):
+                greeted[k] = reply
         addresses = [self._attach_one(cluster, entry, registered.get(entry["id"]), replaying, reply)
                      for entry, reply in zip(entries, greeted, strict=True)]
         if self._thread is None:
@@ -146,7 +160,8 @@ class ClusterHosts:
                 self.runtime.host_request(addr, "hello", timeout=10.0)
             elif not replaying:
                 raise SupervisionError(f"host {entry['id']} of cluster {cluster!r} at {addr} is registered but "
-                                       f"does not answer: {greeted}") from None
+                                       f"does not answer: {greeted} (asked twice); see its agent's log, or "
+                                       f"stop it so that its registration goes") from None
             else:
                 current = None
         with self._lock:  # a host an earlier host_mesh attached is watched once
