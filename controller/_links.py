@@ -130,8 +130,10 @@ class _Links:
                     # Whatever was lost without a visible disconnect is recovered here.
                     overdue[call.seq] = w.sent_at
                     w.sent_at, w.wait = now, min(w.wait * 2, RESEND_MAX_S)
-        if not peers and not everything and not overdue:
-            return
+        if not peers and not everything:
+            overdue = self._defer_whole(overdue, now)
+            if not overdue:
+                return
         calls = self.core.calls.values() if peers or everything else (self.core.calls[q] for q in overdue)
         pending = [(c, r) for c in calls if c.wire is not None for r in c.targets if r not in c.results]
         probed: set[str] = set()  # silent procs (or relaying agents) sent their oldest overdue call again
@@ -160,3 +162,37 @@ class _Links:
                     self.resends[reason] += 1
             except PeerGone:
                 pass
+
+    def _defer_whole(self, overdue: dict[int, float], now: float) -> dict[int, float]:
+        """Defer at once each overdue call that every one of its procs has answered something
+        since it was last sent, younger than PROGRESS_PATIENCE_S: the pass over its points
+        would defer them one by one (a backlog of broadcasts to 4,096 procs is some 200k points
+        a second). The calls left to that pass are returned."""
+        floors: dict[int, float | None] = {}  # a mesh's calls share its list of procs
+        rest: dict[int, float] = {}
+        for seq, sent_at in overdue.items():
+            call = self.core.calls[seq]
+            procs = call.wire.procs
+            key = id(procs)
+            if key not in floors:
+                floors[key] = self._heard_since(procs)
+            floor = floors[key]
+            if floor is not None and floor > sent_at and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
+                self.resends["deferred"] += len(call.targets) - len(call.results)
+            else:
+                rest[seq] = sent_at
+        return rest
+
+    def _heard_since(self, procs: list) -> float | None:
+        """When the longest silent of `procs` (or its relaying agent) last answered; None if
+        one is dead (its points are skipped, not deferred: the pass over points decides)."""
+        heard, floor = self.heard, float("inf")
+        for proc in procs:
+            if not proc.alive:
+                return None
+            last = heard.get(proc.id, 0.0)
+            host = self._relay_host(proc)
+            if host is not None:
+                last = max(last, heard.get(host, 0.0))
+            floor = min(floor, last)
+        return floor

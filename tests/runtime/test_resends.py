@@ -87,6 +87,31 @@ def test_a_silent_proc_is_sent_its_oldest_overdue_call_alone_and_every_call_runs
         assert slow.count.call_one().get(timeout=30) == 10
 
 
+def test_a_call_held_up_by_one_silent_proc_goes_again_to_it_alone(own_home, monkeypatch):
+    """A mesh-wide call whose procs all answered since it was sent is deferred whole (no pass
+    over its points); one silent proc among them makes the pass look at each point: the
+    silent one gets the call again, the one answering others does not."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", RESEND_S)
+    with Session("resend-one-silent", journal="off") as s:
+        procs = s.spawn_procs(per_host={"procs": 2})
+        slow, fast = procs.spawn("slow", Slow), procs.slice(procs=0).spawn("fast", Fast)
+        pids = slow.pid.call().get(timeout=30).values()
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            fut = slow.work.call(2.0)  # proc 0 runs it for 2 s, answering pings meanwhile
+            deadline = time.monotonic() + 10
+            while s.runtime.resends["overdue"] == 0 and time.monotonic() < deadline:
+                fast.ping.call_one().get(timeout=30)
+                time.sleep(0.05)
+            resends = dict(s.runtime.resends)
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+        assert resends["overdue"] >= 1, resends
+        assert fut.get(timeout=30).values() == [1, 1]
+        assert slow.count.call().get(timeout=30).values() == [1, 1]
+
+
 def test_through_a_relay_an_agent_relaying_other_procs_answers_is_progress(own_home, monkeypatch):
     """Relayed, a proc's messages keep their order in its agent: answers of its siblings
     coming through that agent mean its call is queued or running, not lost."""
