@@ -210,12 +210,14 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
         rss_spawned = psutil.Process().memory_info().rss / 2**20
         before = journal_bytes(hosts.url, name)
         lat = []
-        hosts_cpu0, cpu0 = hosts.cpu_seconds(), cpu_seconds()
+        hosts_cpu0, cpu0, received0 = hosts.cpu_seconds(), cpu_seconds(), s.runtime.answer_messages
         for i in range(calls):
             t = time.perf_counter_ns()
             actors.noop.call(i).get(timeout=600)
             lat.append(time.perf_counter_ns() - t)
         call_cpu = (cpu_seconds() - cpu0) / calls
+        # Messages with answers the controller read per host per call(): gathered, one.
+        per_host_call = (s.runtime.answer_messages - received0) / calls / n_hosts
         # The hosts stand for other machines' CPUs, here they share the controller's: a call()
         # cannot take less than their CPU over this machine's cores.
         hosts_call_cpu = (hosts.cpu_seconds() - hosts_cpu0) / calls
@@ -235,6 +237,7 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
                 "call_all": latency_stats(lat), "call_all_cpu_ms": round(call_cpu * 1e3, 2),
                 "call_all_cpu_us_per_proc": round(call_cpu * 1e6 / procs, 2),
                 "call_all_hosts_cpu_ms": round(hosts_call_cpu * 1e3, 2),
+                "call_all_answer_messages_per_host": round(per_host_call, 2),
                 "call_all_hosts_bound_ms": round(hosts_call_cpu * 1e3 / (os.cpu_count() or 1), 2),
                 "broadcast_deliveries_per_s": round(statistics.median(rates)),
                 "cpu_us_per_delivery": round(statistics.median(cpus), 2),

@@ -81,6 +81,7 @@ class Runtime(_HostTable, _Links, _Reader):
         # The IO thread's long nap (_io_loop) and what ends it.
         self._napping = False
         self.io_passes = 0  # the IO thread's wake-ups, counted
+        self.answer_messages = 0  # results and batches read from the inbox (a batch counting once)
         self._unread = True  # the inbox may hold messages its descriptor will not signal again
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # links (chaos testing): see Transport.make. A TCP connection that breaks loses what was
@@ -235,6 +236,8 @@ class Runtime(_HostTable, _Links, _Reader):
         except ProtocolError as e:
             log.warning("dropped malformed message", peer=peer_of(frames[0]), error=str(e))
             return
+        if kind is Kind.BATCH or kind is Kind.RESULT:
+            self.answer_messages += 1
         replies = []
         if subs is None:
             if "fp" not in meta:
