@@ -54,6 +54,11 @@ WATERMARK_INTERVAL_S = TICK_S
 # it is not a dozen messages per proc for each mesh-wide call that takes two seconds.
 WATERMARK_SENDS_PER_S = 2048
 HOST_HELLO_INTERVAL_S = 1.0
+# Each host agent answers a hello with its procs, which the controller checks (_reconcile): past
+# this many hosts a second the hellos go less often than every second (at 512 agents, every
+# 4 s), so their answers are not a tenth of an idle controller's core. Agents count a session
+# orphaned after minutes without a hello; a proc that died unreported is found a few s later.
+HOST_HELLO_SENDS_PER_S = 128
 
 
 class Runtime(_HostTable, _Links, _Reader):
@@ -455,7 +460,8 @@ class Runtime(_HostTable, _Links, _Reader):
                         peer.try_send(msg)
                     else:  # relayed: a host's procs get theirs in one batch to its agent
                         peer.try_queue(out, alive)
-        if self.hosts and now - self._last_hello >= HOST_HELLO_INTERVAL_S:
+        hello_every = max(HOST_HELLO_INTERVAL_S, len(self.hosts) / HOST_HELLO_SENDS_PER_S)
+        if self.hosts and now - self._last_hello >= hello_every:
             self._last_hello = now
             hello = wire.encode(Kind.HOST_REQ, {"sid": self.session, "e": self.epoch, "op": "hello", "n": 0,
                                                 "rt": self.reply_address, "orphan_s": self.orphan_timeout_s})
