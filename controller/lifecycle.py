@@ -14,6 +14,7 @@ import msgpack
 import structlog
 
 from regent import wire
+from regent.controller._files import check_room
 from regent.controller.edge import sys_path
 from regent.controller.mesh import ActorMesh, GatherSink, HostMesh, ProcMesh, View, host_of
 from regent.controller.refs import ProcRef
@@ -96,6 +97,9 @@ class Lifecycle:
         if dim == "hosts" or not isinstance(count, int) or count < 1:
             raise ValueError(f"per_host={per_host}: the count must be a positive int and the dim not 'hosts'")
         s = self.s
+        relaying = getattr(s.runtime, "relaying", None)  # None: an audit, which links to nothing
+        if relaying is not None:  # refused before anything is journaled, rather than hung later
+            check_room(count * sum(s.runtime.moved_hosts.get(h, h) not in relaying for h in hosts))
         # The hosts themselves are journaled (`this_host`) and may be replaced on replay when
         # a journaled agent is gone; the call is identified by its shape.
         digest = wire.digest([msgpack.packb([len(hosts), dim, count])])
