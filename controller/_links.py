@@ -24,12 +24,15 @@ RESEND_FIRST_S = 3.0
 RESEND_MAX_S = 60.0
 # An overdue call to a proc that has answered anything since it was sent (or whose host's agent
 # relayed any answer since: it keeps each proc's order) is queued or running there, not lost (a
-# reconnect, which can lose messages, resends on its own): it is sent again only once this old. Resending it sooner only doubles the work of a proc and a controller that
-# are behind already (thousands of broadcasts queued behind each other, say). A proc that
-# answered nothing since is sent its oldest overdue call alone in each pass (calls to a proc are
-# run in order): if that one is answered, the proc was behind and the rest wait as above; had
-# its messages been lost, the oldest was among them. Relayed, the silent one is the host's
-# agent: one call of one of its procs goes again, and any answer it relays is progress for all.
+# reconnect, which can lose messages, resends on its own): it waits until this old. Resending it
+# sooner only doubles the work of a proc and a controller that are behind already (thousands of
+# broadcasts queued behind each other, say). A proc that answered nothing since, or whose
+# overdue calls are older than this, is sent its oldest overdue call alone in each pass (calls to
+# a proc are run in order): if that one is answered, the proc was behind and the rest wait; had
+# its messages been lost, the oldest was among them, and the next pass sends the next. (Every
+# call past this age sent again made a backlog at 4,096 procs worse: 400k resends in one run.)
+# Relayed, the route is the host's agent: one call of one of its procs goes again a pass, and
+# any answer it relays is progress for all.
 PROGRESS_PATIENCE_S = 20.0
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no detail",
@@ -145,15 +148,14 @@ class _Links:
                 reason = "link"
             elif call.seq in overdue:
                 heard = max(self.heard.get(proc.id, 0.0), self.heard.get(self._relay_host(proc) or "", 0.0))
-                if heard > overdue[call.seq]:
-                    if now - call.wire.issued_at < PROGRESS_PATIENCE_S:
-                        self.resends["deferred"] += 1  # it answers: this one is queued or running there
-                        continue
-                elif (route := self._relay_host(proc) or proc.id) in probed:
-                    self.resends["deferred"] += 1  # silent: its oldest call went again; its answer says which
+                if heard > overdue[call.seq] and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
+                    self.resends["deferred"] += 1  # it answers: this one is queued or running there
                     continue
-                else:
-                    probed.add(route)
+                # Silent, or answering but this call past its patience: its oldest call goes again.
+                if (route := self._relay_host(proc) or proc.id) in probed:
+                    self.resends["deferred"] += 1  # its answer says whether the rest were lost
+                    continue
+                probed.add(route)
                 reason = "overdue"
             else:
                 continue

@@ -112,6 +112,37 @@ def test_a_call_held_up_by_one_silent_proc_goes_again_to_it_alone(own_home, monk
         assert slow.count.call().get(timeout=30).values() == [1, 1]
 
 
+def test_past_its_patience_an_answering_proc_gets_one_call_again_per_pass(own_home, monkeypatch):
+    """Calls queued behind each other on a proc that answers others are, past
+    PROGRESS_PATIENCE_S, sent again one per pass (the oldest), not all at once: sending every
+    one made a backlog at 4,096 procs worse. Each still runs once."""
+    own_home(REGENT_HIPCORE_BACKEND="cpu")
+    monkeypatch.setattr("regent.controller.session.RESEND_FIRST_S", RESEND_S)
+    monkeypatch.setattr("regent.controller._links.PROGRESS_PATIENCE_S", 0.0)  # every call past it
+    with Session("resend-patience", journal="off") as s:
+        procs = s.spawn_procs(per_host={"procs": 1})
+        slow, fast = procs.spawn("slow", Slow), procs.spawn("fast", Fast)
+        futs = [slow.work.call_one(0.4) for _ in range(10)]  # 4 s of calls, run in order
+
+        def counts() -> dict[str, int]:
+            with s.runtime.drive:
+                return dict(s.runtime.resends)
+
+        last, passes = counts(), []
+        deadline = time.monotonic() + 20
+        while len(passes) < 2:  # the proc answers its other actor all along
+            assert time.monotonic() < deadline, (passes, last)
+            fast.ping.call_one().get(timeout=30)
+            now = counts()
+            if now["overdue"] != last["overdue"]:
+                passes.append({k: now[k] - last[k] for k in now})
+                last = now
+            time.sleep(0.02)
+        assert [p["overdue"] for p in passes] == [1, 1], passes
+        assert sorted(f.get(timeout=30) for f in futs) == list(range(1, 11))
+        assert slow.count.call_one().get(timeout=30) == 10
+
+
 def test_through_a_relay_an_agent_relaying_other_procs_answers_is_progress(own_home, monkeypatch):
     """Relayed, a proc's messages keep their order in its agent: answers of its siblings
     coming through that agent mean its call is queued or running, not lost."""
