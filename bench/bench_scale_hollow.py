@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,33 +123,31 @@ class Hosts:
         finally:
             j.close()
 
+    def _processes(self) -> Iterator[psutil.Process]:
+        """Every agent process (a fleet's command and its agents) and every proc they started."""
+        for a in self.agents:
+            try:
+                yield from [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
+            except psutil.Error:
+                continue
+
     def memory_mib(self) -> dict[str, float]:
         """Every agent's and proc's memory: RSS summed (pages shared between them counted once
         per process) and PSS summed (each shared page split among its sharers: what they hold)."""
         rss = pss = 0
-        for a in self.agents:
-            try:
-                procs = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
-            except psutil.Error:
-                continue
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    m = p.memory_full_info()
-                    rss, pss = rss + m.rss, pss + m.pss
+        for p in self._processes():
+            with contextlib.suppress(psutil.Error):
+                m = p.memory_full_info()
+                rss, pss = rss + m.rss, pss + m.pss
         return {"hosts_rss_mib": round(rss / 2**20, 1), "hosts_pss_mib": round(pss / 2**20, 1)}
 
     def cpu_seconds(self) -> float:
         """Every agent's and proc's CPU time so far (user and system), summed."""
         total = 0.0
-        for a in self.agents:
-            try:
-                procs = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
-            except psutil.Error:
-                continue
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    t = p.cpu_times()
-                    total += t.user + t.system
+        for p in self._processes():
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
         return total
 
     def close(self) -> None:
