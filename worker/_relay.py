@@ -140,6 +140,7 @@ class Relay:
         """A proc of this host ended: nothing more goes to it, and the calls it was relayed
         are no longer counted on (which ones is not known: none are)."""
         self._out.pop(to, None)
+        self._held.pop(to, None)  # an answer to one of its actors' calls: nobody to take it
         self._awaiting = 0
         backlog = self._backlog.pop(to, None)
         if backlog:

@@ -127,6 +127,16 @@ def test_a_proc_that_ended_is_not_waited_for(relay) -> None:
     assert out.wires(CONTROLLER) == [[0]]
 
 
+def test_an_answer_held_for_a_proc_that_ended_is_dropped(relay) -> None:
+    r, out = relay
+    _cast(r, 2)
+    r.take(PROCS[1], _result(5))  # an answer to a call one of its actors made, held
+    r.flush()
+    r.forget(PROCS[1])
+    r.release()
+    assert out.wires(PROCS[1]) == [[1]]  # its call went; the answer to it did not
+
+
 def test_an_answer_counted_twice_leaves_nothing_held(relay) -> None:
     r, out = relay
     _cast(r, 1)
