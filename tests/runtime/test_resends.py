@@ -245,5 +245,7 @@ def _passes(s: Session, n: int) -> list[dict[str, int]]:
 
 def _mostly_deferred(resends: dict[str, int]) -> None:
     """The overdue call was held back while answers came (none sent again on an idle machine;
-    on a loaded one a ping's round trip can outlast the 1 s between two looks, and one may go)."""
-    assert resends["deferred"] >= 1 and resends["overdue"] < resends["deferred"], resends
+    on a loaded one a ping's round trip can outlast the time between two looks, and a look
+    finds no answer since: CI under 6 workers saw {'overdue': 2, 'deferred': 2}). Sending it
+    again on every look, the rule before, defers none."""
+    assert resends["deferred"] >= 1 and resends["overdue"] <= resends["deferred"], resends
