@@ -147,8 +147,7 @@ class _Links:
             if everything or self.outbox.route_of(self._relay_host(proc) or proc.address) in peers:
                 reason = "link"
             elif call.seq in overdue:
-                heard = max(self.heard.get(proc.id, 0.0), self.heard.get(self._relay_host(proc) or "", 0.0))
-                if heard > overdue[call.seq] and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
+                if self._last_heard(proc) > overdue[call.seq] and now - call.wire.issued_at < PROGRESS_PATIENCE_S:
                     self.resends["deferred"] += 1  # it answers: this one is queued or running there
                     continue
                 # Silent, or answering but this call past its patience: its oldest call goes again.
@@ -186,15 +185,18 @@ class _Links:
         return rest
 
     def _heard_since(self, procs: list) -> float | None:
-        """When the longest silent of `procs` (or its relaying agent) last answered; None if
-        one is dead (its points are skipped, not deferred: the pass over points decides)."""
-        heard, floor = self.heard, float("inf")
+        """When the longest silent of `procs` last answered; None if one is dead (its points
+        are skipped, not deferred: the pass over points decides)."""
+        floor = float("inf")
         for proc in procs:
             if not proc.alive:
                 return None
-            last = heard.get(proc.id, 0.0)
-            host = self._relay_host(proc)
-            if host is not None:
-                last = max(last, heard.get(host, 0.0))
-            floor = min(floor, last)
+            floor = min(floor, self._last_heard(proc))
         return floor
+
+    def _last_heard(self, proc: Any) -> float:
+        """When `proc`, or the agent relaying its answers (which keeps each proc's order), last
+        answered a call."""
+        last = self.heard.get(proc.id, 0.0)
+        host = self._relay_host(proc)
+        return max(last, self.heard.get(host, 0.0)) if host is not None else last

@@ -132,7 +132,7 @@ class ClusterHosts:
             greeted[k] = reply
         # A replay takes a silent agent for lost at once (a takeover must not wait on the dead).
         slow = [] if replaying else [k for k in ask if isinstance(greeted[k], TimeoutError) and (
-            (now := registered.get(entries[k]["id"])) is not None and now.address == entries[k]["addr"])]
+            (rec := registered.get(entries[k]["id"])) is not None and rec.address == entries[k]["addr"])]
         if slow:
             log.warning("registered host agents did not answer in time; asking them again", cluster=cluster,
                         hosts=[entries[k]["id"] for k in slow][:20], count=len(slow), timeout_s=HELLO_AGAIN_S)

@@ -159,7 +159,8 @@ class HostAgent(_Adoption, _WarmPool, _Forking):
                 elif sock_or_fd in zygotes:
                     zygotes[sock_or_fd].pump()
             self._release_held()
-            self.relay.flush()  # answers held past GATHER_S
+            if self.relay.hold_s() == 0.0:  # answers held GATHER_S and not yet sent
+                self.relay.release()
             if self.relay.backlogged:
                 self.relay.retry()
             self._after_adoption()
