@@ -13,10 +13,12 @@ the least time it takes this machine's cores: the p50 cannot be lower here, wher
 that stand for other machines share the controller's cores), broadcast deliveries/s and this process's CPU per delivery (median of
 --repeats phases of --broadcasts broadcasts and one call), the controller's RSS (once spawned and
 at the end), its CPU idle (cores, over IDLE_S with the mesh up and nothing called), and the journal
-bytes of one mesh-wide `call()` (the store's log, before and after --calls calls). Then, with
---takeover N, SIGKILL of a primary calling every actor of an N-proc mesh in a loop -> the first
-call() its standby completes (bench/programs/failover_loop.py as both), --takeover-runs times,
-with the standby linked to the workers while it waits or not (--standby-links on,off).
+bytes of one mesh-wide `call()` (the store's log, before and after --calls calls), and the cyclic
+collector's share of this process's CPU in the broadcast phases. Then, with --takeover N, SIGKILL
+of a primary calling every actor of an N-proc mesh in a loop -> the first call() its standby
+completes (bench/programs/failover_loop.py as both), --takeover-runs times, with the standby
+linked to the workers while it waits or not (--standby-links on,off), over N / PER_HOST hosts
+(agents the larger sizes started are stopped first).
 
 Calibration, so the hollow figures mean something: at each --calibrate size the same loops run
 on real procs (one `regent host --cluster` agent per host, procs as processes) and on hollow
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import itertools
 import operator
 import os
@@ -90,6 +93,7 @@ class Hosts:
     def __init__(self, work: Path, url: str, cluster: str, hollow: int) -> None:
         self.work, self.url, self.cluster, self.hollow = work, url, cluster, hollow
         self.agents: list[subprocess.Popen] = []  # a fleet's command (hollow) or an agent (real)
+        self.sizes: list[int] = []  # agents each of those started
         self.count = 0
 
     def grow(self, count: int, timeout_s: float = 600.0) -> float:
@@ -104,21 +108,38 @@ class Hosts:
                  "--store", self.url, "--advertise", "127.0.0.1", "--name", name, "--ttl", str(HOST_TTL_S), *extra],
                 stdout=open(self.work / f"agent-{name}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True))
             low_autogroup(self.agents[-1].pid)
+            self.sizes.append(more)
             self.count += more
             if self.hollow:  # a fleet at a time
                 self._registered(self.count, t0 + timeout_s - time.perf_counter())
         self._registered(count, t0 + timeout_s - time.perf_counter())
         return time.perf_counter() - t0
 
-    def _registered(self, count: int, timeout_s: float) -> None:
-        """Wait until `count` agents are registered: fleets start one after another, so the
-        store is not asked to register hundreds at once on this machine's two cores."""
+    def shrink(self, count: int, timeout_s: float = 120.0) -> None:
+        """Stop the agents started last until `count` are left (as grown: whole fleets), and
+        wait until only those are registered: a figure of N hosts is measured with N running."""
+        while self.agents and self.count - self.sizes[-1] >= count:
+            agent, size = self.agents.pop(), self.sizes.pop()
+            agent.terminate()
+            try:
+                agent.wait(60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+            self.count -= size
+        self._registered(self.count, timeout_s, at_most=True)
+
+    def _registered(self, count: int, timeout_s: float, at_most: bool = False) -> None:
+        """Wait until `count` agents are registered (at least, or with `at_most` exactly): fleets
+        start one after another, so the store is not asked to register hundreds at once on this
+        machine's two cores."""
         j = open_journal(self.url)
         try:
             deadline = time.monotonic() + timeout_s
-            while len(registered_hosts(j.backend, self.cluster)) < count:
+            while (n := len(registered_hosts(j.backend, self.cluster))) < count or (at_most and n > count):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{count} agents of {self.cluster} did not register in time")
+                    what = f"{n} agents of {self.cluster} registered, not {count}"
+                    raise TimeoutError(f"{what} {'exactly' if at_most else 'at least'} in {timeout_s:.0f} s")
                 time.sleep(0.5)
         finally:
             j.close()
@@ -158,6 +179,25 @@ class Hosts:
                 a.wait(60)
             except subprocess.TimeoutExpired:
                 a.kill()
+
+
+class GcClock:
+    """The CPU this process's cyclic collector takes (each collection timed on the thread that
+    runs it, which holds the GIL meanwhile): its share of the controller's CPU per delivery."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+
+
+GC_CLOCK = GcClock()
 
 
 def journal_bytes(url: str, session: str) -> int:
@@ -222,7 +262,9 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
         hosts_call_cpu = (hosts.cpu_seconds() - hosts_cpu0) / calls
         s.now()  # what the calls journaled is durable, so counted below
         per_call = (journal_bytes(hosts.url, name) - before) / calls
+        gc0, cpu0 = GC_CLOCK.seconds, cpu_seconds()
         rates, cpus = zip(*(broadcast_phase(actors, procs, broadcasts) for _ in range(repeats)), strict=True)
+        gc_share = (GC_CLOCK.seconds - gc0) / max(cpu_seconds() - cpu0, 1e-9)
         folds = accumulate_phase(s, hosts.url, name, actors, procs, calls)
         rss = psutil.Process().memory_info().rss / 2**20
         # What the controller spends with nothing to do (its timer, hellos, watermarks, the
@@ -241,6 +283,7 @@ def measure(hosts: Hosts, procs: int, per_host: int, calls: int, broadcasts: int
                 "broadcast_deliveries_per_s": round(statistics.median(rates)),
                 "cpu_us_per_delivery": round(statistics.median(cpus), 2),
                 "cpu_us_per_delivery_runs": [round(c, 2) for c in cpus],
+                "cpu_gc_share": round(gc_share, 3),  # of the broadcast phases' CPU, the cyclic collector's
                 "controller_idle_cores": round(idle_cores, 4), "controller_rss_mib": round(rss, 1), "controller_rss_spawned_mib": round(rss_spawned, 1),
                 "journal_bytes_per_call_all": round(per_call), "accumulate": folds,
                 **hosts.memory_mib(),
@@ -384,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
                     key = route if links != "off" else f"{route}_without_standby_links"
                     try:
                         hollow.grow(args.takeover // args.per_host)
+                        hollow.shrink(args.takeover // args.per_host)  # the larger sizes' agents stop
                         report["takeover"][key] = takeover(hollow, work, args.takeover, args.per_host,
                                                            args.takeover_runs, args.takeover_ttl)
                     except Exception as e:

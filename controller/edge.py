@@ -222,6 +222,9 @@ class LiveEdge:
         self._clusters: ClusterHosts | None = None
         self._links = links
         self._orphan_timeout_s = orphan_timeout_s
+        # The session freezes what the collector tracks at its start, unless the program
+        # manages the collector itself (disabled it, or froze objects): its choice is kept.
+        self._gc_owned = gc.isenabled() and gc.get_freeze_count() == 0
         self._gc_frozen = False
         self._fence_wait: Callable[[], None] | None = None  # a takeover's fence, confirmed before its first live call
         self._handover: HandoverWatch | None = None
@@ -352,13 +355,12 @@ class LiveEdge:
             self._fence_known_workers()
         if announced is not None:
             self.writer.wait_durable(announced, timeout=30.0)
-        if self.replay is not None:
-            # The replay index lives until replay ends: tens of thousands of objects the cyclic
-            # GC would rescan again and again while the program replays. Kept out of its scans
-            # until then, unless the program froze objects itself (its unfreeze is its own).
-            if self.replay.max_seq >= 0 and gc.isenabled() and gc.get_freeze_count() == 0:
-                gc.freeze()
-                self._gc_frozen = True
+        # What exists now lives as long as the session: the program's imports (torch's ~200k
+        # objects), a standby's replay index. Each full collection would scan it again; the
+        # session keeps it out of the collector's scans until it closes (see docs/design.md).
+        if self._gc_owned:
+            gc.freeze()
+            self._gc_frozen = True
 
     def _record_supervision(self, entry: dict) -> int:
         """Journal a supervision event (the supervisor's `record`), then count it."""
@@ -368,8 +370,8 @@ class LiveEdge:
         return lsn
 
     def live(self, engine: Any = None) -> None:
-        """Replay is over (or the session closes): the fence is confirmed before the first live
-        call; give back to the cyclic GC what was frozen for it."""
+        """Replay is over (or, with no engine, the session closes: what it froze is given back to
+        the cyclic GC); the fence is confirmed before the first live call."""
         if engine is not None:
             self.fenced()
         else:
@@ -384,7 +386,7 @@ class LiveEdge:
                 print(f"regent upgrade: replayed through seq {engine.core.next_seq - 1} "
                       f"({round(time.monotonic() - self.takeover_at, 3)} s after taking over); the new "
                       "program runs live from here", file=sys.stderr, flush=True)
-        if self._gc_frozen:
+        if engine is None and self._gc_frozen:
             self._gc_frozen = False
             gc.unfreeze()
 
