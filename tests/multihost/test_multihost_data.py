@@ -46,7 +46,12 @@ def test_a_large_tensor_in_a_call_and_its_result_cross_hosts_over_the_data_ports
             assert got.dtype == value.dtype and torch.equal(got, value)
         assert bulk_tcp.served() == served + 2  # the arguments went out of band, from here
         offered, proc_served = echo.offered.call_one().get()
-        assert offered == 0 and proc_served == 2  # and the results, from the proc on h1
+        assert proc_served == 2  # and the results, from the proc on h1
+        # Nothing is left offered, unless a call went again (a 64 MiB transfer under load can
+        # outlast the resend): the proc then answers from its result cache with a new offer, which
+        # nobody fetches once the first answer has arrived; it expires (wire.bulk_tcp.TTL_S).
+        resent = s.runtime.resends["link"] + s.runtime.resends["overdue"]
+        assert offered <= resent, f"{offered} transfers left offered with {s.runtime.resends} resends"
 
 
 def test_gloo_all_reduce_over_a_three_host_mesh(multihost: MultiHost) -> None:
