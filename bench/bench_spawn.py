@@ -8,8 +8,9 @@ Each case runs a controller program in a child process with a REGENT_HOME of its
 own host agent, started cold; with torch, each actor imports it as it starts) and measures: the first mesh (spawn_procs + one actor per proc +
 a `call()` on every actor, wall seconds: what a job's start waits for, a zygote's imports
 included), a second mesh of the same size on the warm agent, and the CPU seconds the host
-spent (agent, zygote and procs, each process's own user+system time) and the procs'
-proportional memory (PSS: pages shared with a zygote are counted once between them). Cases
+spent (agent, zygote and procs, each process's own user+system time), a full collection of
+the cyclic GC in every proc (its median time) and then the procs' proportional memory (PSS:
+pages shared with a zygote are counted once between them). Cases
 take turns, --rounds times; figures are medians.
 """
 
@@ -49,6 +50,13 @@ class Noop(Actor):
     def pid(self) -> int:
         return os.getpid()
 
+    @endpoint
+    def collect_ms(self) -> float:
+        import gc
+        t = time.perf_counter()
+        gc.collect()
+        return (time.perf_counter() - t) * 1e3
+
 n = int(sys.argv[1])
 with Session("bench-spawn", journal="off") as s:
     t0 = time.monotonic()
@@ -58,13 +66,18 @@ with Session("bench-spawn", journal="off") as s:
     second = s.spawn_procs(per_host={"procs": n}).spawn("b", Noop, sys.argv[2] == "1")
     pids += list(second.pid.call().get(timeout=300).values())
     t2 = time.monotonic()
+    # A full collection in every proc, as one that has run a while has had: its time, and the
+    # pages it copied out of the zygote's show in the PSS below.
+    collect = [first.collect_ms.call().get(timeout=300).values(), second.collect_ms.call().get(timeout=300).values()]
+    collect = sorted(ms for values in collect for ms in values)
     agent = psutil.Process(host_record()["pid"])
     host = [agent, *agent.children(recursive=True)]
     host += [psutil.Process(p) for p in pids if p not in {q.pid for q in host}]
     cpu = sum(sum(p.cpu_times()[:2]) for p in host)
     pss = [psutil.Process(p).memory_full_info().pss for p in pids]
     print(json.dumps({"first_s": t1 - t0, "second_s": t2 - t1, "host_cpu_s": cpu,
-                      "pss_mib_per_proc": sum(pss) / len(pss) / 2**20, "processes": len(host)}))
+                      "pss_mib_per_proc": sum(pss) / len(pss) / 2**20, "processes": len(host),
+                      "full_collection_ms": collect[len(collect) // 2]}))
 """
 
 
@@ -94,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for (torch, fork), runs in got.items():
         out["cases"].append({"torch": torch, "fork": fork, **{
             k: round(statistics.median(r[k] for r in runs), 3)
-            for k in ("first_s", "second_s", "host_cpu_s", "pss_mib_per_proc")}})
+            for k in ("first_s", "second_s", "host_cpu_s", "pss_mib_per_proc", "full_collection_ms")}})
     by = {(c["torch"], c["fork"]): c for c in out["cases"]}
     for torch in (False, True):
         fresh, forked = by[(torch, False)], by[(torch, True)]
@@ -106,7 +119,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def summary(report: dict[str, Any]) -> None:
     for c in report["cases"]:
         note(f"torch={c['torch']!s:5} fork={c['fork']!s:5} first {c['first_s']:.2f} s, second {c['second_s']:.2f} s, "
-             f"host CPU {c['host_cpu_s']:.1f} s, PSS {c['pss_mib_per_proc']:.0f} MiB/proc")
+             f"host CPU {c['host_cpu_s']:.1f} s, PSS {c['pss_mib_per_proc']:.0f} MiB/proc, "
+             f"a full collection {c['full_collection_ms']:.1f} ms")
 
 
 def main() -> None:

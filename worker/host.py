@@ -16,6 +16,7 @@ refuses a deposed controller from its first message, before any proc has adopted
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import signal
@@ -620,6 +621,7 @@ def serve_agent(bind_host: str = "127.0.0.1", port: int = 0, idle_exit_s: float 
         discovery.withdraw()  # refused (a live agent holds its name): it never served
         raise
     exporter = serve_metrics(agent_registry(agent, hollow > 0), metrics or "", "host agent")
+    gc.freeze()  # what the agent imported and built lives as long as it: out of its collections' scans
     try:
         agent.serve()
     finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import importlib
 import itertools
 import os
@@ -489,6 +490,9 @@ def main(argv: list[str] | None = None) -> None:
 
     configure_logging()
     preload(a.preload)
+    # What the proc imported lives as long as it: out of its collections' scans (a zygote's
+    # child has most of it frozen already; docs/design.md, "The cyclic collector").
+    gc.freeze()
     runtime_from(a).run()
     sys.exit(0)
 

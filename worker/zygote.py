@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import re
@@ -330,6 +331,10 @@ def serve(sock: socket.socket, region: tuple[int, int]) -> None:
         if not _valid_request(msg):
             log.warning("zygote dropped a malformed request")
             continue
+        # What the zygote imported lives as long as every proc forked from it: frozen, a proc's
+        # collections neither scan it (torch's ~200k objects) nor write to its pages, which
+        # would copy them out of the zygote's one by one (docs/design.md, "The cyclic collector").
+        gc.freeze()
         try:
             pid = os.fork()
         except OSError as e:

@@ -37,6 +37,14 @@ class Probe(Actor):
         return module in sys.modules
 
     @endpoint
+    def scanned(self, module: str) -> bool:
+        """Whether a full collection in this proc would look at `module`'s namespace."""
+        import gc
+
+        namespace = sys.modules[module].__dict__
+        return any(o is namespace for o in gc.get_objects())
+
+    @endpoint
     def exit_with(self, code: int) -> None:
         os._exit(code)
 
@@ -84,6 +92,19 @@ def test_procs_are_forked_from_one_zygote_that_imported_torch_once(forking):
         more = _who(s.spawn_procs(per_host={"procs": 2}).spawn("q", Probe))
         assert {w["ppid"] for w in more} == {zygote}
         assert time.monotonic() - started < 30
+
+
+def test_what_a_proc_imported_is_out_of_its_collections_scans(own_home):
+    # Forked: torch, which the zygote imported (~200k objects: ~90 ms a full collection, and a
+    # collection writing to their pages would copy them out of the zygote's). Fresh: its imports.
+    for fork in ("1", "0"):
+        own_home(REGENT_FORK=fork)
+        with Session(f"fork-gc-{fork}", journal="off") as s:
+            mesh = s.spawn_procs(per_host={"procs": 2}).spawn("p", Probe)
+            assert mesh.scanned.call("regent.worker.proccore").get(timeout=60).values() == [False, False]
+            if fork == "1":
+                assert mesh.scanned.call("torch").get(timeout=60).values() == [False, False]
+            assert mesh.scanned.call(__name__).get(timeout=60).values() == [True, True]  # imported later
 
 
 def test_a_forked_proc_that_dies_is_reported_with_its_status_and_restarted(forking):
