@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import os
 
+import pytest
+
 from regent.controller import Session
 from regent.controller.session import Handoff
 from regent.worker import Actor, endpoint
@@ -27,6 +29,13 @@ def _record(url: str, name: str) -> list[int]:
     values = _program(s)
     s.close(error=Handoff("test hand-off"))  # as on SIGTERM: the run stays open for a standby
     return values
+
+
+@pytest.fixture(autouse=True)
+def unfrozen() -> None:
+    """A collector as a fresh program has it: an earlier test in this worker may have left a
+    session open (its freeze with it), which would make the session here not own the collector."""
+    gc.unfreeze()
 
 
 def _scanned(obj: object) -> bool:
