@@ -276,11 +276,11 @@ class LiveEdge:
 
     def _on_waiting(self) -> None:
         self.waited = True
+        if self.metrics is not None:  # before it says it stands by: a scrape then reads its lag
+            self.metrics.standing_by(self.journal)
         log.info(STANDING_BY, session=self.name)
         if self.journaled and links_while_standing_by():
             self._standby_links = StandbyLinks(self.journal, self.name, self.address, self._links)
-        if self.metrics is not None:
-            self.metrics.standing_by(self.journal)
         if self.journal_url != "off":  # listed by `regent status` and the dashboard while it waits
             self._presence = StandbyPresence(self.journal.backend, self.name, self.holder,
                                              {"metrics": None if self.metrics is None else self.metrics.url})
