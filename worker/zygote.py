@@ -331,10 +331,6 @@ def serve(sock: socket.socket, region: tuple[int, int]) -> None:
         if not _valid_request(msg):
             log.warning("zygote dropped a malformed request")
             continue
-        # What the zygote imported lives as long as every proc forked from it: frozen, a proc's
-        # collections neither scan it (torch's ~200k objects) nor write to its pages, which
-        # would copy them out of the zygote's one by one (docs/design.md, "The cyclic collector").
-        gc.freeze()
         try:
             pid = os.fork()
         except OSError as e:
@@ -367,6 +363,10 @@ def main(argv: list[str] | None = None) -> None:
         if not _MODULE.fullmatch(name):
             log.warning("zygote dropped a preload that is not a module name", module=name[:200])
     proc.preload([name for name in a.preload if _MODULE.fullmatch(name)], who="a zygote")
+    # What the zygote imported lives as long as every proc forked from it: frozen, a proc's
+    # collections neither scan it (torch's ~200k objects) nor write to its pages, which
+    # would copy them out of the zygote's one by one (docs/design.md, "The cyclic collector").
+    gc.freeze()
     serve(sock, _argv_region())
 
 
